@@ -1,0 +1,714 @@
+/*
+ * bench_core.c - core performance of libckpt against baselines measured in
+ * the same run.
+ *
+ * For a bf16 transformer-like state (default 4 GiB, a few hundred tensors,
+ * values N(0, 0.02)) it measures:
+ *   - ckpt_save() blocking time with a staging pool larger than the state
+ *     vs memcpy of the same bytes into pre-faulted memory;
+ *   - time to durable (ckpt_save .. ckpt_wait) with codec none and float,
+ *     as bandwidth vs fio's O_DIRECT sequential write (--fio-write-bw);
+ *   - load (ckpt_reader_open + ckpt_read_batch of every tensor, page cache
+ *     dropped when permitted) vs fio's O_DIRECT read (--fio-read-bw);
+ *   - peak RSS during a save through a small (512 MiB) pool, in a child
+ *     process so earlier phases do not pollute its high-water mark.
+ * run_core.sh runs fio and passes its bandwidths here. Every loaded byte
+ * is compared with what was saved; a mismatch or API error exits 1.
+ * Targets are reported, not enforced (exit 0) unless --strict.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "synth.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+struct opts {
+	const char *dir;
+	uint64_t size;
+	uint64_t pool;
+	uint64_t rss_pool;
+	unsigned threads;
+	double fio_write_bw; /* bytes/s, 0 = not measured */
+	double fio_read_bw;
+	int json, keep, no_rss, strict;
+};
+
+struct rss_result {
+	int err;
+	uint64_t hwm;   /* bytes */
+	uint64_t state; /* bytes of the caller's tensors */
+	double durable_s;
+	char msg[512];
+};
+
+struct results {
+	size_t tensors;
+	uint32_t d_model, layers;
+	double fill_s, open_none_s;
+	double memcpy_s;
+	double block_none_s, durable_none_s;
+	double block_float_s, durable_float_s;
+	uint64_t raw_float, stored_float;
+	double load_none_s, load_float_s;
+	int caches_dropped;
+	char drop_note[128];
+	struct rss_result rss;
+	int rss_done;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: bench_core --dir DIR [options]\n"
+		"  --dir DIR          scratch directory (a subdirectory is created\n"
+		"                     and removed)\n"
+		"  --size BYTES       state size (default 4G; e.g. 256M for a quick run)\n"
+		"  --pool BYTES       staging pool for the main saves (default size*1.125)\n"
+		"  --rss-pool BYTES   staging pool of the peak-RSS save (default 512M)\n"
+		"  --threads N        library worker threads (default: CPUs)\n"
+		"  --fio-write-bw B/s fio O_DIRECT sequential write bandwidth\n"
+		"  --fio-read-bw B/s  fio O_DIRECT sequential read bandwidth\n"
+		"  --no-rss           skip the peak-RSS phase\n"
+		"  --keep             keep the checkpoints written\n"
+		"  --json             print JSON instead of a table\n"
+		"  --strict           exit 3 if a target is missed\n");
+}
+
+static int fail(const char *what, int err, const char *msg)
+{
+	fprintf(stderr, "bench_core: %s: %s%s%s\n", what, ckpt_strerror(err),
+		msg && *msg ? ": " : "", msg ? msg : "");
+	return 1;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag,
+		 struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path) ? -1 : 0;
+}
+
+static void rm_tree(const char *path)
+{
+	nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* sync + drop the page cache; 0 or -errno (not root, read-only /proc). */
+static int drop_caches(void)
+{
+	int fd, err = 0;
+
+	sync();
+	fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, "3\n", 2) != 2)
+		err = -errno;
+	close(fd);
+	return err;
+}
+
+static uint64_t status_kib(const char *key)
+{
+	char line[256];
+	size_t kl = strlen(key);
+	uint64_t v = 0;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, kl) && line[kl] == ':') {
+			v = strtoull(line + kl + 1, NULL, 10);
+			break;
+		}
+	fclose(f);
+	return v;
+}
+
+static uint64_t peak_rss_bytes(void)
+{
+	uint64_t kib = status_kib("VmHWM");
+	struct rusage ru;
+
+	if (!kib && !getrusage(RUSAGE_SELF, &ru))
+		kib = (uint64_t)ru.ru_maxrss;
+	return kib * 1024;
+}
+
+static void mkdir_p(const char *dir)
+{
+	char buf[4096];
+
+	snprintf(buf, sizeof(buf), "%s", dir);
+	for (char *p = buf + 1; *p; p++)
+		if (*p == '/') {
+			*p = 0;
+			mkdir(buf, 0755);
+			*p = '/';
+		}
+	mkdir(buf, 0755);
+}
+
+/* ---- peak RSS, in a child process ---- */
+
+static void rss_child(const struct opts *o, const char *root,
+		      struct rss_result *res)
+{
+	struct synth_model m;
+	ckpt_tensor *desc = NULL;
+	ckpt_settings s;
+	ckpt *c = NULL;
+	double t0;
+	int err;
+
+	memset(res, 0, sizeof(*res));
+	err = synth_plan(&m, o->size, 0, SYNTH_EXACT);
+	if (!err)
+		err = synth_alloc(&m);
+	desc = calloc(m.count ? m.count : 1, sizeof(*desc));
+	if (err || !desc) {
+		res->err = err ? err : -ENOMEM;
+		snprintf(res->msg, sizeof(res->msg),
+			 "cannot allocate the state");
+		goto out;
+	}
+	synth_fill(&m, 7, 0);
+	synth_to_ckpt(&m, desc);
+	res->state = m.total_bytes;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = o->rss_pool;
+	s.threads = o->threads;
+	err = ckpt_open(&c, root, &s);
+	if (err) {
+		res->err = err;
+		snprintf(res->msg, sizeof(res->msg), "ckpt_open: %s",
+			 ckpt_errmsg(NULL));
+		goto out;
+	}
+	t0 = synth_now();
+	err = ckpt_save(c, 1, desc, m.count);
+	if (!err)
+		err = ckpt_wait(c);
+	res->durable_s = synth_now() - t0;
+	if (err) {
+		res->err = err;
+		snprintf(res->msg, sizeof(res->msg), "save: %s",
+			 ckpt_errmsg(c));
+		goto out;
+	}
+	err = ckpt_close(c);
+	c = NULL;
+	if (err) {
+		res->err = err;
+		snprintf(res->msg, sizeof(res->msg), "ckpt_close: %s",
+			 ckpt_errmsg(NULL));
+	}
+out:
+	res->hwm = peak_rss_bytes();
+	ckpt_close(c);
+	free(desc);
+	synth_free(&m);
+}
+
+static int run_rss(const struct opts *o, const char *base,
+		   struct rss_result *res)
+{
+	char root[4200];
+	int pfd[2], status;
+	pid_t pid;
+	ssize_t n;
+
+	snprintf(root, sizeof(root), "%s/rss", base);
+	if (pipe(pfd))
+		return -errno;
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		struct rss_result r;
+
+		close(pfd[0]);
+		rss_child(o, root, &r);
+		n = write(pfd[1], &r, sizeof(r));
+		_exit(n == (ssize_t)sizeof(r) ? 0 : 1);
+	}
+	close(pfd[1]);
+	n = read(pfd[0], res, sizeof(*res));
+	close(pfd[0]);
+	waitpid(pid, &status, 0);
+	if (!o->keep)
+		rm_tree(root);
+	if (n != (ssize_t)sizeof(*res)) {
+		memset(res, 0, sizeof(*res));
+		res->err = -ECHILD;
+		snprintf(res->msg, sizeof(res->msg), "child died (status 0x%x)",
+			 status);
+	}
+	return res->err;
+}
+
+/* ---- main phases ---- */
+
+static int save_one(const struct opts *o, const char *root, int codec,
+		    uint64_t step, const ckpt_tensor *desc, size_t n,
+		    double *open_s, double *block_s, double *durable_s)
+{
+	ckpt_settings s;
+	ckpt *c = NULL;
+	double t0, t1, t2;
+	int err;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = o->pool;
+	s.codec = codec;
+	s.threads = o->threads;
+	t0 = synth_now();
+	err = ckpt_open(&c, root, &s);
+	if (err)
+		return fail("ckpt_open", err, ckpt_errmsg(NULL));
+	if (open_s)
+		*open_s = synth_now() - t0;
+	t0 = synth_now();
+	err = ckpt_save(c, step, desc, n);
+	t1 = synth_now();
+	if (!err)
+		err = ckpt_wait(c);
+	t2 = synth_now();
+	if (err) {
+		fail("save", err, ckpt_errmsg(c));
+		ckpt_close(c);
+		return 1;
+	}
+	*block_s = t1 - t0;
+	*durable_s = t2 - t0;
+	err = ckpt_close(c);
+	if (err)
+		return fail("ckpt_close", err, ckpt_errmsg(NULL));
+	return 0;
+}
+
+static int load_one(const struct opts *o, const char *root, uint64_t step,
+		    const struct synth_model *m, uint8_t *dest,
+		    ckpt_read_req *reqs, double *load_s, ckpt_stats *st)
+{
+	ckpt_settings s;
+	ckpt_reader *r = NULL;
+	uint64_t off = 0;
+	double t0;
+	int err;
+
+	ckpt_settings_default(&s);
+	s.threads = o->threads;
+	for (size_t i = 0; i < m->count; i++) {
+		memset(&reqs[i], 0, sizeof(reqs[i]));
+		reqs[i].name = m->t[i].name;
+		reqs[i].dst = dest + off;
+		reqs[i].dst_bytes = m->t[i].nbytes;
+		off += m->t[i].nbytes;
+	}
+	memset(dest, 0, off); /* warm and clear, outside the timing */
+	t0 = synth_now();
+	err = ckpt_reader_open(&r, root, step, &s);
+	if (err)
+		return fail("ckpt_reader_open", err, ckpt_reader_errmsg(NULL));
+	err = ckpt_read_batch(r, reqs, m->count);
+	*load_s = synth_now() - t0;
+	if (err) {
+		fail("ckpt_read_batch", err, ckpt_reader_errmsg(r));
+		ckpt_reader_close(r);
+		return 1;
+	}
+	if (st && (err = ckpt_reader_stats(r, st)))
+		memset(st, 0, sizeof(*st));
+	ckpt_reader_close(r);
+
+	off = 0;
+	for (size_t i = 0; i < m->count; i++) {
+		if (memcmp(dest + off, m->t[i].data, m->t[i].nbytes)) {
+			fprintf(stderr,
+				"bench_core: step %llu: tensor %s "
+				"differs from what was saved\n",
+				(unsigned long long)step, m->t[i].name);
+			return 1;
+		}
+		off += m->t[i].nbytes;
+	}
+	return 0;
+}
+
+static double ratio(double a, double b)
+{
+	return a > 0 && b > 0 ? a / b : 0.0;
+}
+
+struct row {
+	const char *key, *label;
+	double value; /* in `unit` */
+	const char *unit;
+	const char *base_label;
+	double base;     /* in `unit`, 0 = none */
+	double r;        /* 0 = n/a */
+	const char *cmp; /* "<=", ">=" or NULL */
+	double target;
+};
+
+static int row_ok(const struct row *w)
+{
+	if (!w->cmp || w->r <= 0)
+		return -1; /* not judged */
+	return w->cmp[0] == '<' ? w->r <= w->target : w->r >= w->target;
+}
+
+static void print_table(const struct opts *o, const struct synth_model *m,
+			const struct results *res, const struct row *rows,
+			size_t nrows)
+{
+	char b1[32], b2[32];
+
+	printf("bench_core: ckpt %s, state %s in %zu bf16 tensors (d_model "
+	       "%u, %u layers), staging pool %s, threads %s\n",
+	       ckpt_version_string(),
+	       synth_fmt_bytes(m->total_bytes, b1, sizeof(b1)), m->count,
+	       m->d_model, m->layers, synth_fmt_bytes(o->pool, b2, sizeof(b2)),
+	       o->threads ? "set" : "default (CPUs)");
+	printf("page cache before loads: %s\n", res->drop_note);
+	printf("%-34s %14s   %-26s %7s  %-9s\n", "metric", "value", "baseline",
+	       "ratio", "target");
+	for (size_t i = 0; i < nrows; i++) {
+		const struct row *w = &rows[i];
+		char val[32], base[48], rs[16], tg[32];
+		int ok = row_ok(w);
+
+		snprintf(val, sizeof(val), "%.3f %s", w->value, w->unit);
+		if (w->base > 0)
+			snprintf(base, sizeof(base), "%s %.3f %s",
+				 w->base_label, w->base, w->unit);
+		else
+			snprintf(base, sizeof(base), "%s",
+				 w->base_label ? "(not measured)" : "");
+		if (w->r > 0)
+			snprintf(rs, sizeof(rs), "%.3f", w->r);
+		else
+			snprintf(rs, sizeof(rs), "%s", w->cmp ? "n/a" : "");
+		if (w->cmp)
+			snprintf(tg, sizeof(tg), "%s %.2f %s", w->cmp,
+				 w->target,
+				 ok < 0 ? "" :
+				 ok     ? "ok" :
+					  "MISSED");
+		else
+			tg[0] = 0;
+		printf("%-34s %14s   %-26s %7s  %s\n", w->label, val, base, rs,
+		       tg);
+	}
+}
+
+static void print_json(const struct opts *o, const struct synth_model *m,
+		       const struct results *res, const struct row *rows,
+		       size_t nrows)
+{
+	printf("{\n  \"version\": \"%s\",\n  \"state_bytes\": %llu,\n"
+	       "  \"tensors\": %zu,\n  \"pool_bytes\": %llu,\n"
+	       "  \"rss_pool_bytes\": %llu,\n  \"threads\": %u,\n"
+	       "  \"caches_dropped\": %s,\n  \"fio_write_bw\": %.0f,\n"
+	       "  \"fio_read_bw\": %.0f,\n  \"memcpy_s\": %.6f,\n"
+	       "  \"open_prefault_s\": %.6f,\n  \"float_raw_bytes\": %llu,\n"
+	       "  \"float_stored_bytes\": %llu,\n  \"metrics\": {\n",
+	       ckpt_version_string(), (unsigned long long)m->total_bytes,
+	       m->count, (unsigned long long)o->pool,
+	       (unsigned long long)o->rss_pool, o->threads,
+	       res->caches_dropped ? "true" : "false", o->fio_write_bw,
+	       o->fio_read_bw, res->memcpy_s, res->open_none_s,
+	       (unsigned long long)res->raw_float,
+	       (unsigned long long)res->stored_float);
+	for (size_t i = 0; i < nrows; i++) {
+		const struct row *w = &rows[i];
+		int ok = row_ok(w);
+
+		printf("    \"%s\": {\"value\": %.6f, \"unit\": \"%s\", "
+		       "\"baseline\": %.6f, \"ratio\": %.6f, \"target\": "
+		       "\"%s %.2f\", \"ok\": %s}%s\n",
+		       w->key, w->value, w->unit, w->base, w->r,
+		       w->cmp ? w->cmp : "", w->cmp ? w->target : 0.0,
+		       ok < 0 ? "null" :
+		       ok     ? "true" :
+				"false",
+		       i + 1 < nrows ? "," : "");
+	}
+	printf("  }\n}\n");
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { .size = 4ull << 30, .rss_pool = 512ull << 20 };
+	struct results res;
+	struct synth_model m = { 0 };
+	ckpt_tensor *desc = NULL;
+	ckpt_read_req *reqs = NULL;
+	uint8_t *dest = NULL;
+	struct row rows[8];
+	size_t nrows = 0;
+	char base[4096], root[4200];
+	ckpt_stats st;
+	int err, rc = 1, missed = 0;
+
+	memset(&res, 0, sizeof(res));
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int bad = 0;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--json")) {
+			o.json = 1;
+		} else if (!strcmp(a, "--keep")) {
+			o.keep = 1;
+		} else if (!strcmp(a, "--no-rss")) {
+			o.no_rss = 1;
+		} else if (!strcmp(a, "--strict")) {
+			o.strict = 1;
+		} else if (!v) {
+			bad = 1;
+		} else if (!strcmp(a, "--dir")) {
+			o.dir = v;
+			i++;
+		} else if (!strcmp(a, "--size")) {
+			bad = synth_parse_size(v, &o.size);
+			i++;
+		} else if (!strcmp(a, "--pool")) {
+			bad = synth_parse_size(v, &o.pool);
+			i++;
+		} else if (!strcmp(a, "--rss-pool")) {
+			bad = synth_parse_size(v, &o.rss_pool);
+			i++;
+		} else if (!strcmp(a, "--threads")) {
+			o.threads = (unsigned)strtoul(v, NULL, 10);
+			i++;
+		} else if (!strcmp(a, "--fio-write-bw")) {
+			o.fio_write_bw = strtod(v, NULL);
+			i++;
+		} else if (!strcmp(a, "--fio-read-bw")) {
+			o.fio_read_bw = strtod(v, NULL);
+			i++;
+		} else {
+			bad = 1;
+		}
+		if (bad) {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!o.dir) {
+		usage(stderr);
+		return 2;
+	}
+	if (!o.pool) /* larger than the state, so the copy never waits */
+		o.pool = (o.size + o.size / 8 + (1u << 20) - 1) &
+			 ~((uint64_t)(1u << 20) - 1);
+
+	snprintf(base, sizeof(base), "%s/bench_core-%d", o.dir, (int)getpid());
+	mkdir_p(base);
+
+	/* Peak RSS first, in a child, before this process grows. */
+	if (!o.no_rss) {
+		err = run_rss(&o, base, &res.rss);
+		if (err) {
+			fprintf(stderr,
+				"bench_core: peak-RSS save failed: %s: "
+				"%s\n",
+				ckpt_strerror(err), res.rss.msg);
+			goto out;
+		}
+		res.rss_done = 1;
+	}
+
+	err = synth_plan(&m, o.size, 0, SYNTH_EXACT);
+	if (!err)
+		err = synth_alloc(&m);
+	desc = calloc(m.count ? m.count : 1, sizeof(*desc));
+	reqs = calloc(m.count ? m.count : 1, sizeof(*reqs));
+	dest = aligned_alloc(4096, (m.total_bytes + 4095) / 4096 * 4096);
+	if (err || !desc || !reqs || !dest) {
+		fprintf(stderr,
+			"bench_core: cannot allocate a %llu-byte state "
+			"(%s)\n",
+			(unsigned long long)o.size,
+			strerror(err ? -err : ENOMEM));
+		goto out;
+	}
+	res.fill_s = synth_now();
+	synth_fill(&m, 42, 0);
+	res.fill_s = synth_now() - res.fill_s;
+	synth_to_ckpt(&m, desc);
+
+	/* Baseline: memcpy into warm memory, best of 3. */
+	memset(dest, 0, m.total_bytes);
+	res.memcpy_s = 1e30;
+	for (int rep = 0; rep < 3; rep++) {
+		double t0 = synth_now();
+		uint64_t off = 0;
+
+		for (size_t i = 0; i < m.count; i++) {
+			memcpy(dest + off, m.t[i].data, m.t[i].nbytes);
+			off += m.t[i].nbytes;
+		}
+		t0 = synth_now() - t0;
+		if (t0 < res.memcpy_s)
+			res.memcpy_s = t0;
+	}
+
+	snprintf(root, sizeof(root), "%s/ckpt", base);
+	if (save_one(&o, root, CKPT_CODEC_NONE, 1, desc, m.count,
+		     &res.open_none_s, &res.block_none_s, &res.durable_none_s))
+		goto out;
+	if (save_one(&o, root, CKPT_CODEC_FLOAT, 2, desc, m.count, NULL,
+		     &res.block_float_s, &res.durable_float_s))
+		goto out;
+
+	err = drop_caches();
+	res.caches_dropped = !err;
+	snprintf(res.drop_note, sizeof(res.drop_note), "%s",
+		 err ? "NOT dropped (no permission to write "
+		       "/proc/sys/vm/drop_caches): loads may be cached" :
+		       "dropped before each load");
+	if (load_one(&o, root, 1, &m, dest, reqs, &res.load_none_s, NULL))
+		goto out;
+	if (res.caches_dropped)
+		drop_caches();
+	if (load_one(&o, root, 2, &m, dest, reqs, &res.load_float_s, &st))
+		goto out;
+	res.raw_float = st.raw_bytes;
+	res.stored_float = st.stored_bytes;
+
+	{
+		double S = (double)m.total_bytes;
+		double fw = o.fio_write_bw / MIB, fr = o.fio_read_bw / MIB;
+		double wn = S / res.durable_none_s / MIB;
+		double wf = S / res.durable_float_s / MIB;
+		double ln = S / res.load_none_s / MIB;
+		double lf = S / res.load_float_s / MIB;
+
+		rows[nrows++] =
+			(struct row){ "save_blocking_none",
+				      "save blocking (codec none)",
+				      res.block_none_s,
+				      "s",
+				      "memcpy",
+				      res.memcpy_s,
+				      ratio(res.block_none_s, res.memcpy_s),
+				      "<=",
+				      1.25 };
+		rows[nrows++] =
+			(struct row){ "save_blocking_float",
+				      "save blocking (codec float)",
+				      res.block_float_s,
+				      "s",
+				      "memcpy",
+				      res.memcpy_s,
+				      ratio(res.block_float_s, res.memcpy_s),
+				      "<=",
+				      1.25 };
+		rows[nrows++] = (struct row){ "durable_none_bw",
+					      "save to durable, codec none",
+					      wn,
+					      "MiB/s",
+					      "fio write",
+					      fw,
+					      ratio(wn, fw),
+					      ">=",
+					      0.95 };
+		rows[nrows++] = (struct row){ "float_stored_ratio",
+					      "float codec: raw / stored",
+					      ratio((double)res.raw_float,
+						    (double)res.stored_float),
+					      "x",
+					      NULL,
+					      0,
+					      0,
+					      NULL,
+					      0 };
+		rows[nrows++] =
+			(struct row){ "durable_float_bw",
+				      "save to durable, float (logical)",
+				      wf,
+				      "MiB/s",
+				      "fio write",
+				      fw,
+				      ratio(wf, fw),
+				      ">=",
+				      1.3 };
+		rows[nrows++] = (struct row){ "load_none_bw",
+					      "load, codec none",
+					      ln,
+					      "MiB/s",
+					      "fio read",
+					      fr,
+					      ratio(ln, fr),
+					      ">=",
+					      0.95 };
+		rows[nrows++] = (struct row){ "load_float_bw",
+					      "load, float (logical)",
+					      lf,
+					      "MiB/s",
+					      "fio read",
+					      fr,
+					      ratio(lf, fr),
+					      NULL,
+					      0 };
+		if (res.rss_done) {
+			double over =
+				((double)res.rss.hwm - (double)res.rss.state) /
+				MIB;
+			double budget = o.rss_pool / MIB + 64.0;
+
+			rows[nrows++] =
+				(struct row){ "peak_rss_over_state",
+					      "peak RSS - state (small pool)",
+					      over,
+					      "MiB",
+					      "pool+64MiB",
+					      budget,
+					      ratio(over, budget),
+					      "<=",
+					      1.0 };
+		}
+	}
+	for (size_t i = 0; i < nrows; i++)
+		if (row_ok(&rows[i]) == 0)
+			missed++;
+	if (o.json)
+		print_json(&o, &m, &res, rows, nrows);
+	else {
+		print_table(&o, &m, &res, rows, nrows);
+		printf("(fill %.2f s, ckpt_open with pool pre-fault %.2f s; "
+		       "every loaded byte matched)\n",
+		       res.fill_s, res.open_none_s);
+	}
+	rc = o.strict && missed ? 3 : 0;
+out:
+	if (!o.keep)
+		rm_tree(base);
+	free(dest);
+	free(reqs);
+	free(desc);
+	synth_free(&m);
+	return rc;
+}

@@ -1,0 +1,487 @@
+/*
+ * ckpt.h - the one public header of libckpt, a checkpoint storage engine
+ * for machine-learning training.
+ *
+ * Design in one paragraph: a training loop opens a `ckpt` handle on a
+ * checkpoint root directory once. `ckpt_save()` copies the caller's tensors
+ * into a pre-faulted staging pool and returns as soon as every byte is
+ * copied; worker threads then compress and hash fixed-size chunks and an
+ * io_uring writer puts them into this host's shard files. When every host's
+ * part of a step is durable, a single commit record is written last; a step
+ * without a valid commit record does not exist for readers. `ckpt_reader`
+ * opens one committed step for loading, inspection and verification.
+ *
+ * Conventions (as in liburing, zstd, LMDB):
+ *  - every function that can fail returns int: 0 on success, -errno for
+ *    operating-system failures (passed through unchanged) or one of the
+ *    CKPT_E_* codes below, which live in a reserved block outside the errno
+ *    range. ckpt_strerror() describes both kinds.
+ *  - details a code cannot carry (file, offset, tensor name) are in the
+ *    handle's last error message: ckpt_errmsg() / ckpt_reader_errmsg().
+ *    With a NULL handle they return the calling thread's last message, which
+ *    is how the failure of an *_open() call is explained.
+ *  - destructors accept NULL.
+ *  - a ckpt handle may be used from several threads (for example the
+ *    training loop and a maintenance watcher); a ckpt_reader handle may be
+ *    used by one thread at a time.
+ *
+ * Symbols not declared here are not API.
+ */
+#ifndef CKPT_H
+#define CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && defined(CKPT_BUILDING_LIBRARY)
+#define CKPT_API __attribute__((visibility("default")))
+#else
+#define CKPT_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Version                                                            */
+/* ------------------------------------------------------------------ */
+
+#define CKPT_VERSION_MAJOR 0
+#define CKPT_VERSION_MINOR 1
+#define CKPT_VERSION_PATCH 0
+#define CKPT_VERSION_NUMBER \
+	(CKPT_VERSION_MAJOR * 10000 + CKPT_VERSION_MINOR * 100 + CKPT_VERSION_PATCH)
+
+/* On-disk format version written by this library (see SPEC.md). */
+#define CKPT_FORMAT_VERSION 1
+
+CKPT_API unsigned ckpt_version_number(void);
+CKPT_API const char *ckpt_version_string(void);
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Library error codes. Always add new codes last; never renumber. */
+enum ckpt_error {
+	CKPT_E_CORRUPT = -30900,    /* data or metadata failed validation:
+	                               checksum, bounds, magic, size */
+	CKPT_E_VERSION = -30901,    /* format version not supported */
+	CKPT_E_NOTFOUND = -30902,   /* no such checkpoint, step or tensor */
+	CKPT_E_BUSY = -30903,       /* a save is already in flight */
+	CKPT_E_DUPNAME = -30904,    /* two tensors of one save share a name */
+	CKPT_E_INCOMPLETE = -30905, /* commit: some host's part is missing */
+	CKPT_E_CODEC = -30906,      /* the compression library failed */
+	CKPT_E_EXISTS = -30907,     /* the step is already committed */
+	CKPT_E_MISMATCH = -30908,   /* slices of one array disagree (dtype,
+	                               global shape, overlap) */
+	CKPT_E_CANCELED = -30909,   /* a progress callback asked to stop */
+	CKPT_E_PREVIOUS = -30910,   /* an earlier background save failed and
+	                               nobody collected its status; see the
+	                               message; the new save was not started */
+	CKPT_E_LAST = -30910
+};
+
+/* Description of 0, a -errno value or a CKPT_E_* code. Never NULL. */
+CKPT_API const char *ckpt_strerror(int err);
+
+/* ------------------------------------------------------------------ */
+/* Data types                                                         */
+/* ------------------------------------------------------------------ */
+
+enum ckpt_dtype {
+	CKPT_DTYPE_INVALID = 0,
+	CKPT_BOOL = 1,
+	CKPT_U8 = 2,
+	CKPT_I8 = 3,
+	CKPT_U16 = 4,
+	CKPT_I16 = 5,
+	CKPT_U32 = 6,
+	CKPT_I32 = 7,
+	CKPT_U64 = 8,
+	CKPT_I64 = 9,
+	CKPT_F16 = 10,
+	CKPT_BF16 = 11,
+	CKPT_F32 = 12,
+	CKPT_F64 = 13,
+	CKPT_F8E4M3 = 14,
+	CKPT_F8E5M2 = 15,
+	CKPT_DTYPE_COUNT = 16
+};
+
+/* Bytes per element, or 0 for an invalid dtype. */
+CKPT_API size_t ckpt_dtype_size(int dtype);
+/* Short lower-case name ("bf16", "f8e4m3", ...), or NULL if invalid. */
+CKPT_API const char *ckpt_dtype_name(int dtype);
+/* Inverse of ckpt_dtype_name(); CKPT_DTYPE_INVALID if unknown. */
+CKPT_API int ckpt_dtype_from_name(const char *name);
+
+/* Maximum number of dimensions of a tensor. */
+#define CKPT_MAX_NDIM 16
+/* Maximum length in bytes of a tensor name (UTF-8, no NUL). */
+#define CKPT_MAX_NAME 4096
+
+/* ------------------------------------------------------------------ */
+/* Codecs                                                             */
+/* ------------------------------------------------------------------ */
+
+enum ckpt_codec {
+	CKPT_CODEC_NONE = 0,  /* raw bytes */
+	CKPT_CODEC_ZSTD = 1,  /* one zstd frame per chunk */
+	CKPT_CODEC_FLOAT = 2, /* float-aware: bytes of 2/4/8-byte elements
+	                         grouped by significance (exponents together),
+	                         each group zstd-compressed or stored raw */
+	CKPT_CODEC_COUNT = 3
+};
+
+CKPT_API const char *ckpt_codec_name(int codec); /* "none", "zstd", "float" */
+CKPT_API int ckpt_codec_from_name(const char *name); /* -1 if unknown */
+
+/* ------------------------------------------------------------------ */
+/* Settings                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Flags for ckpt_settings.flags. */
+#define CKPT_F_NO_DIRECT (1u << 0)    /* never use O_DIRECT */
+#define CKPT_F_MANUAL_COMMIT (1u << 1) /* never commit from ckpt_save();
+                                        the caller runs ckpt_commit() */
+#define CKPT_F_NO_URING (1u << 2)     /* plain pwrite/pread instead of
+                                        io_uring (for debugging) */
+
+typedef struct ckpt_settings {
+	/* Staging pool, allocated and pre-faulted once by ckpt_open().
+	 * Default 512 MiB. A save larger than the pool still works: the copy
+	 * proceeds as the writer frees buffers, so peak memory stays at the
+	 * pool size. 0 makes a handle that cannot save (list, gc, commit). */
+	uint64_t staging_bytes;
+	/* Raw bytes per chunk: multiple of 4096 in [64 KiB, 64 MiB].
+	 * Default 4 MiB. */
+	uint32_t chunk_bytes;
+	/* Codec for new chunks (enum ckpt_codec). Default CKPT_CODEC_FLOAT,
+	 * which falls back to zstd for 1-byte types. A chunk that does not
+	 * shrink is always stored raw. */
+	int32_t codec;
+	/* zstd level for CKPT_CODEC_ZSTD and CKPT_CODEC_FLOAT. Default 1. */
+	int32_t level;
+	/* Worker threads for compression, hashing and decompression.
+	 * 0 (default) = number of online CPUs. */
+	uint32_t threads;
+	/* Shard files per host written in parallel. Default 4. */
+	uint32_t files_per_host;
+	/* This host's index and the number of hosts writing each step.
+	 * Defaults 0 and 1. With host_count > 1, ckpt_save() writes only this
+	 * host's part and a coordinator calls ckpt_commit(). */
+	uint32_t host_index;
+	uint32_t host_count;
+	/* io_uring submission queue depth. Default 32. */
+	uint32_t queue_depth;
+	/* Retention applied after each commit made through this handle:
+	 * keep the newest keep_last committed steps (0 = keep all) and also
+	 * every step divisible by keep_every (0 = none). The newest committed
+	 * step is never removed. Defaults 0 and 0. */
+	uint32_t keep_last;
+	uint32_t keep_every;
+	uint32_t flags; /* CKPT_F_* */
+	uint64_t reserved[8]; /* must be zero */
+} ckpt_settings;
+
+/* Fills *s with the defaults above. */
+CKPT_API void ckpt_settings_default(ckpt_settings *s);
+
+/* ------------------------------------------------------------------ */
+/* Saving                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct ckpt ckpt;
+
+/*
+ * Opens (creating it if needed) the checkpoint root directory `dir` and
+ * allocates the staging pool. `s` may be NULL for defaults.
+ * On success *out owns the handle: release it with ckpt_close().
+ * On failure *out is NULL and ckpt_errmsg(NULL) explains.
+ */
+CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s);
+
+/*
+ * Waits for an in-flight save, then frees everything. Returns the status
+ * of that save (0 if there was none or it succeeded). Accepts NULL.
+ */
+CKPT_API int ckpt_close(ckpt *c);
+
+/* Last error message of this handle; calling thread's with NULL. */
+CKPT_API const char *ckpt_errmsg(const ckpt *c);
+
+/* One tensor (or this host's slice of a global array) to save. */
+typedef struct ckpt_tensor {
+	const char *name;   /* UTF-8, 1..CKPT_MAX_NAME bytes; unique per save */
+	int32_t dtype;      /* enum ckpt_dtype */
+	uint32_t ndim;      /* 0 (scalar) .. CKPT_MAX_NDIM */
+	const uint64_t *shape;        /* global shape, ndim entries */
+	const uint64_t *slice_offset; /* NULL: this host holds the whole array */
+	const uint64_t *slice_extent; /* NULL: the whole array */
+	const void *data;   /* row-major bytes of the slice */
+	uint64_t nbytes;    /* must equal product(extent) * dtype size */
+} ckpt_tensor;
+
+/*
+ * Starts saving `count` tensors as step `step`. Returns as soon as every
+ * byte has been copied into the staging pool (blocking while the pool is
+ * full), so the caller may modify its tensors right after. Persistence
+ * continues in the background: collect the outcome with ckpt_wait() or
+ * ckpt_poll(). May be called from any thread.
+ *
+ * Errors: -EINVAL (bad argument, message names the tensor), CKPT_E_DUPNAME,
+ * CKPT_E_BUSY (a save is in flight), CKPT_E_EXISTS (step committed),
+ * CKPT_E_PREVIOUS (an earlier save failed and its status was never
+ * collected: that status is consumed by this call), or a background error
+ * that happened while the copy was still running.
+ */
+CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
+		       size_t count);
+
+enum ckpt_save_state {
+	CKPT_STATE_IDLE = 0,      /* no save has been started */
+	CKPT_STATE_STAGING = 1,   /* ckpt_save() is copying */
+	CKPT_STATE_WRITING = 2,   /* copy done, writing in background */
+	CKPT_STATE_DONE = 3,      /* this host's part is durable (and the
+	                             step committed, unless manual commit) */
+	CKPT_STATE_FAILED = 4
+};
+
+typedef struct ckpt_progress {
+	uint64_t step;
+	int32_t state;            /* enum ckpt_save_state */
+	int32_t status;           /* 0 or the error of a failed save */
+	uint64_t bytes_total;     /* raw bytes of this host's save */
+	uint64_t bytes_staged;    /* raw bytes copied into the pool */
+	uint64_t bytes_written;   /* raw bytes whose chunks reached the files */
+	uint64_t bytes_committed; /* bytes_total once durable/committed */
+	uint64_t bytes_stored;    /* bytes written to files (after codec) */
+	uint64_t reserved[4];
+} ckpt_progress;
+
+/*
+ * Waits for the in-flight save (if any) to finish and returns its status:
+ * 0 when this host's part is durable and, unless CKPT_F_MANUAL_COMMIT or
+ * host_count > 1, the step is committed. Collects the status: a failed save
+ * reported here is not reported again by the next ckpt_save().
+ */
+CKPT_API int ckpt_wait(ckpt *c);
+
+/*
+ * Non-blocking progress. Returns 1 while a save is in flight, 0 when idle
+ * or finished successfully, or the failed save's error (which collects it).
+ * `p` may be NULL.
+ */
+CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p);
+
+/*
+ * Writes the commit record of `step` after checking that every host's
+ * index (1..host_count) is present and intact. Any process may call it,
+ * typically the coordinator of a pod once every host reported its part
+ * durable. Then updates the `latest` pointer and applies retention.
+ * Errors: CKPT_E_INCOMPLETE (names the missing host), CKPT_E_CORRUPT,
+ * CKPT_E_EXISTS (already committed: nothing changed).
+ */
+CKPT_API int ckpt_commit(ckpt *c, uint64_t step);
+
+/* Information about one committed step. */
+typedef struct ckpt_step_info {
+	uint64_t step;
+	uint32_t host_count;
+	uint32_t file_count;      /* shard files + indexes */
+	uint64_t tensor_count;    /* distinct global tensors */
+	uint64_t raw_bytes;       /* logical bytes */
+	uint64_t stored_bytes;    /* bytes of all files */
+	int64_t commit_unix_ns;   /* when the commit record was written */
+	uint64_t reserved[4];
+} ckpt_step_info;
+
+/*
+ * Lists committed steps in ascending order into a new array *out of *count
+ * entries (free with ckpt_free). Directories without a valid commit record
+ * are never listed.
+ */
+CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count);
+
+/* Newest committed step; CKPT_E_NOTFOUND if there is none. */
+CKPT_API int ckpt_latest(ckpt *c, uint64_t *step);
+
+#define CKPT_GC_DRY_RUN (1u << 0) /* report, remove nothing */
+
+typedef struct ckpt_gc_report {
+	uint64_t steps_removed;   /* committed steps removed by retention */
+	uint64_t debris_removed;  /* uncommitted directories / temp files */
+	uint64_t bytes_freed;
+	uint64_t reserved[4];
+} ckpt_gc_report;
+
+/*
+ * Removes committed steps outside the retention policy (keep the newest
+ * keep_last, 0 = all, and every step divisible by keep_every, 0 = none;
+ * the newest committed step always stays) and uncommitted debris older
+ * than the newest committed step. Never touches a step being saved through
+ * this handle. `report` may be NULL.
+ */
+CKPT_API int ckpt_gc(ckpt *c, uint32_t keep_last, uint32_t keep_every,
+		     unsigned flags, ckpt_gc_report *report);
+
+/* Frees memory returned by the library (ckpt_list, ckpt_read_alloc). */
+CKPT_API void ckpt_free(void *p);
+
+/* ------------------------------------------------------------------ */
+/* Loading, inspecting, verifying                                     */
+/* ------------------------------------------------------------------ */
+
+typedef struct ckpt_reader ckpt_reader;
+
+#define CKPT_LATEST UINT64_MAX
+
+/*
+ * Opens committed step `step` (or CKPT_LATEST) under root `dir`. Reads and
+ * validates the commit record and every host's index. `s` may be NULL; only
+ * threads, queue_depth and flags are used.
+ * On failure *out is NULL and ckpt_reader_errmsg(NULL) explains.
+ */
+CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
+			      uint64_t step, const ckpt_settings *s);
+CKPT_API void ckpt_reader_close(ckpt_reader *r);
+CKPT_API const char *ckpt_reader_errmsg(const ckpt_reader *r);
+
+CKPT_API uint64_t ckpt_reader_step(const ckpt_reader *r);
+CKPT_API uint32_t ckpt_reader_host_count(const ckpt_reader *r);
+CKPT_API int64_t ckpt_reader_commit_time(const ckpt_reader *r); /* unix ns */
+
+/* A global tensor as recorded in the checkpoint. Pointers stay valid until
+ * the reader is closed. */
+typedef struct ckpt_tensor_info {
+	const char *name;
+	int32_t dtype;
+	uint32_t ndim;
+	const uint64_t *shape;    /* global shape */
+	uint64_t nbytes;          /* bytes of the whole global array */
+	uint32_t slice_count;     /* pieces it is stored as (over all hosts) */
+	uint32_t reserved0;
+	uint64_t stored_bytes;    /* bytes on disk attributed to it, after codec
+	                             (chunks shared by several tensors are
+	                             attributed pro rata) */
+	uint64_t reserved[4];
+} ckpt_tensor_info;
+
+/* One stored piece of a global tensor. */
+typedef struct ckpt_slice_info {
+	uint32_t host;
+	uint32_t reserved0;
+	const uint64_t *offset;   /* ndim entries */
+	const uint64_t *extent;   /* ndim entries */
+	uint64_t nbytes;
+	uint64_t reserved[2];
+} ckpt_slice_info;
+
+/* Tensors are numbered 0..count-1 in name order (bytewise). */
+CKPT_API size_t ckpt_reader_tensor_count(const ckpt_reader *r);
+CKPT_API int ckpt_reader_tensor(const ckpt_reader *r, size_t i,
+				ckpt_tensor_info *out);
+/* Index of tensor `name`, or CKPT_E_NOTFOUND. */
+CKPT_API int ckpt_reader_find(const ckpt_reader *r, const char *name,
+			      size_t *index);
+CKPT_API int ckpt_reader_slice(const ckpt_reader *r, size_t tensor,
+			       uint32_t j, ckpt_slice_info *out);
+
+/*
+ * Reads the whole global tensor `name` into dst (dst_bytes must equal its
+ * nbytes). Every chunk is checksummed; a mismatch is CKPT_E_CORRUPT with a
+ * message naming tensor, file and offset, and dst contents are then
+ * unspecified.
+ */
+CKPT_API int ckpt_read(ckpt_reader *r, const char *name, void *dst,
+		       uint64_t dst_bytes);
+
+/*
+ * Reads the box [offset, offset+extent) of global tensor `name`, assembled
+ * from whichever stored slices overlap it, row-major into dst
+ * (dst_bytes = product(extent) * dtype size). CKPT_E_NOTFOUND if part of
+ * the box is not covered by any stored slice.
+ */
+CKPT_API int ckpt_read_slice(ckpt_reader *r, const char *name,
+			     const uint64_t *offset, const uint64_t *extent,
+			     void *dst, uint64_t dst_bytes);
+
+/* Several reads done together: chunks are read in file order through
+ * io_uring and decoded on all workers. Each request gets its own status;
+ * the return value is the first failure (or 0). */
+typedef struct ckpt_read_req {
+	const char *name;
+	const uint64_t *offset;   /* NULL: whole tensor */
+	const uint64_t *extent;   /* NULL: whole tensor */
+	void *dst;
+	uint64_t dst_bytes;
+	int32_t status;           /* out */
+	uint32_t reserved0;
+} ckpt_read_req;
+
+CKPT_API int ckpt_read_batch(ckpt_reader *r, ckpt_read_req *reqs, size_t n);
+
+/* Reads the whole tensor into a new buffer (free with ckpt_free). */
+CKPT_API int ckpt_read_alloc(ckpt_reader *r, const char *name, void **out,
+			     uint64_t *nbytes);
+
+/* Progress callback for long operations; return non-zero to cancel
+ * (the operation then fails with CKPT_E_CANCELED). */
+typedef int (*ckpt_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/*
+ * Checks the whole step against its commit record: every file's size and
+ * XXH3, every shard and chunk header, every chunk's content hash. Returns
+ * 0, or CKPT_E_CORRUPT with a message naming the first bad place (file,
+ * offset, tensor). `fn` may be NULL.
+ */
+CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
+				void *arg);
+
+/* A file of the step, as listed by its commit record. */
+enum ckpt_file_kind { CKPT_FILE_SHARD = 0, CKPT_FILE_INDEX = 1,
+		      CKPT_FILE_COMMIT = 2 };
+
+typedef struct ckpt_file_info {
+	const char *name;         /* relative to the step directory */
+	uint64_t size;
+	uint64_t xxh3;            /* XXH3-64 of the whole file */
+	uint32_t host;
+	int32_t kind;             /* enum ckpt_file_kind */
+	uint64_t reserved[2];
+} ckpt_file_info;
+
+CKPT_API size_t ckpt_reader_file_count(const ckpt_reader *r);
+CKPT_API int ckpt_reader_file(const ckpt_reader *r, size_t i,
+			      ckpt_file_info *out);
+
+/* Totals of the step by codec, for inspection. */
+typedef struct ckpt_stats {
+	uint64_t raw_bytes;
+	uint64_t stored_bytes;     /* chunk payloads after codec */
+	uint64_t file_bytes;       /* all files incl. headers and padding */
+	uint64_t chunks;
+	uint64_t chunks_by_codec[CKPT_CODEC_COUNT];
+	uint64_t raw_by_codec[CKPT_CODEC_COUNT];
+	uint64_t stored_by_codec[CKPT_CODEC_COUNT];
+	uint64_t reserved[4];
+} ckpt_stats;
+
+CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out);
+
+/*
+ * Copies the step's files into root directory `dst_root` (created if
+ * needed) as a committed checkpoint of the same step, checking every
+ * file's size and XXH3 while copying; the commit record is written last
+ * and `latest` updated. On any mismatch nothing is committed at the
+ * destination. `fn` may be NULL.
+ */
+CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
+			      ckpt_progress_fn fn, void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPT_H */

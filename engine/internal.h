@@ -1,0 +1,127 @@
+/*
+ * internal.h - what the engine's files share. Not installed, not API.
+ *
+ * Prefix `eng_` for everything here. The engine uses format/ (fmt.h); tools
+ * and bench use only ckpt.h.
+ */
+#ifndef CKPT_ENGINE_INTERNAL_H
+#define CKPT_ENGINE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ckpt.h"
+#include "fmt.h"
+
+#define ENG_ERRMSG_MAX 1024
+
+/* ---- errors ---------------------------------------------------------- */
+
+/*
+ * Formats a message into buf (a handle's last-error buffer of
+ * ENG_ERRMSG_MAX bytes; may be NULL) and into the calling thread's last
+ * message, and returns `code` so callers can write
+ *     return eng_err(c->errmsg, -EINVAL, "tensor %zu: ...", i);
+ */
+int eng_err(char *buf, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+int eng_verr(char *buf, int code, const char *fmt, va_list ap);
+/* The calling thread's last message ("" if none). */
+const char *eng_tls_errmsg(void);
+
+/* ---- the I/O table ---------------------------------------------------- */
+
+/*
+ * Every file-system call of the engine goes through this table so tests
+ * can inject ENOSPC, EIO, short writes and crashes. All functions return
+ * -errno on failure (never set errno as their only report).
+ *
+ * write_result / read_result see the outcome of every data write/read the
+ * engine performed, whether through io_uring or pwrite/pread (res is the
+ * byte count or -errno) and may replace it with a -errno or a smaller
+ * count; the engine must then behave exactly as if the kernel had said so
+ * (short counts are continued, errors fail the save or load).
+ * NULL members mean "the real thing".
+ */
+typedef struct eng_io {
+	int (*open)(const char *path, int flags, mode_t mode);
+	int (*close)(int fd);
+	ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
+	ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
+	int (*fsync)(int fd);
+	int (*fdatasync)(int fd);
+	int (*rename)(const char *from, const char *to);
+	int (*unlink)(const char *path);
+	int (*mkdir)(const char *path, mode_t mode);
+	int (*rmdir)(const char *path);
+	long (*write_result)(int fd, uint64_t off, size_t len, long res);
+	long (*read_result)(int fd, uint64_t off, size_t len, long res);
+} eng_io;
+
+/* Installs a table for the whole process (tests only); NULL restores the
+ * real one. Members left NULL fall back to the real calls. */
+void eng_io_set(const eng_io *io);
+
+int eng_open(const char *path, int flags, mode_t mode); /* fd or -errno */
+int eng_close(int fd);
+/* pwrite/pread the whole range: loops over short counts; returns 0 or
+ * -errno (-EIO if the file ends early on read). Results pass through
+ * write_result/read_result. */
+int eng_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
+int eng_pread_all(int fd, void *buf, size_t n, uint64_t off);
+int eng_fsync(int fd);
+int eng_fdatasync(int fd);
+int eng_rename(const char *from, const char *to);
+int eng_unlink(const char *path);
+int eng_mkdir(const char *path, mode_t mode); /* EEXIST is success */
+int eng_rmdir(const char *path);
+/* Filters for io_uring completions (see write_result above). */
+long eng_filter_write(int fd, uint64_t off, size_t len, long res);
+long eng_filter_read(int fd, uint64_t off, size_t len, long res);
+
+/* ---- paths and small files ------------------------------------------- */
+
+/* snprintf into a malloc'd string; NULL on ENOMEM. */
+char *eng_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* fsync a directory. */
+int eng_fsync_dir(const char *dir);
+/* Reads a whole file of at most max_len bytes into a malloc'd buffer.
+ * -EFBIG (with message) if larger. */
+int eng_read_file(const char *path, uint64_t max_len, uint8_t **out,
+		  size_t *out_len, char *errbuf);
+/* Writes dir/name atomically: dir/name.tmp, fsync, rename, fsync dir. */
+int eng_write_file_atomic(const char *dir, const char *name,
+			  const void *buf, size_t len, char *errbuf);
+/* Recursively removes a step directory's files and the directory. */
+int eng_remove_tree(const char *dir, uint64_t *bytes_freed);
+
+/* 1 if `dir` supports O_DIRECT (probed by writing a 4 KiB file). */
+int eng_probe_direct(const char *dir);
+
+/* ---- committed steps -------------------------------------------------- */
+
+/* Loads and validates root/step-N/COMMIT. CKPT_E_NOTFOUND if absent. */
+int eng_load_commit(const char *root, uint64_t step, fmt_commit *cm,
+		    char *errbuf);
+/*
+ * Step directories under root, ascending, each flagged committed or not
+ * (committed = COMMIT present and valid). *out malloc'd.
+ */
+typedef struct eng_step_ent {
+	uint64_t step;
+	int committed;
+} eng_step_ent;
+int eng_scan_steps(const char *root, eng_step_ent **out, size_t *count,
+		   char *errbuf);
+/* Newest committed step (the `latest` pointer is a hint; a newer committed
+ * step found by scanning wins). CKPT_E_NOTFOUND if none. */
+int eng_resolve_latest(const char *root, uint64_t *step, char *errbuf);
+/* Points root/latest at step (atomic replace). */
+int eng_write_latest(const char *root, uint64_t step, char *errbuf);
+
+/* Number of online CPUs, at least 1. */
+unsigned eng_ncpus(void);
+
+#endif /* CKPT_ENGINE_INTERNAL_H */

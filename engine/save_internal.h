@@ -1,0 +1,220 @@
+/*
+ * save_internal.h - what the save side of the engine (save.c, writer.c,
+ * commit.c) shares. Not API.
+ *
+ * Data path of one save:
+ *
+ *   caller's tensors --copy (caller's thread)--> staging slot
+ *     --> worker: XXH3 of the raw bytes, codec, chunk header, zero pad
+ *     --> writer thread: assigns file + 4096-aligned offset (file order),
+ *         updates that file's streaming XXH3, hands the buffer to every sink
+ *     --> sinks (today: the local shard files through io_uring; later a GCS
+ *         uploader gets the very same buffers in file order)
+ *     --> last sink reference dropped: buffer back to its free list, which
+ *         wakes a copier blocked on a full pool.
+ *
+ * Every buffer (staging slot or compressed-output buffer) carries one chunk
+ * at a time and its descriptor (eng_buf) holds that chunk's metadata, so the
+ * hot path allocates nothing. A chunk is reference counted: the writer holds
+ * one reference while it dispatches and hashes, each sink holds one until it
+ * is done with the bytes.
+ *
+ * Locking: one mutex per handle (c->mu) guards queues, free lists, progress
+ * and job status. The writer sleeps on an eventfd during a save because it
+ * must wake both for new chunks (workers) and for io_uring completions (the
+ * ring signals the same eventfd).
+ */
+#ifndef CKPT_ENGINE_SAVE_INTERNAL_H
+#define CKPT_ENGINE_SAVE_INTERNAL_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+struct eng_job;
+struct eng_sink;
+
+/* One staging slot or output buffer, and the chunk it currently carries. */
+typedef struct eng_buf {
+	uint8_t *p;              /* 4096-aligned */
+	size_t cap;
+	int fixed;               /* registered buffer index, or -1 */
+	int is_out;              /* output buffer (else staging slot) */
+	int is_hdr;              /* a shard header (owned by a sink) */
+	struct eng_buf *next;    /* free list / queue link (under c->mu) */
+
+	/* the chunk carried */
+	struct eng_job *job;
+	uint64_t k;              /* chunk index in the host stream */
+	uint32_t raw_len;
+	uint32_t stored_len;
+	uint8_t codec;
+	uint8_t elem_width;
+	uint64_t raw_xxh3;
+	uint64_t payload;        /* tensor bytes in this chunk (progress) */
+	uint64_t span;           /* bytes written: align(64 + stored, 4096) */
+	uint32_t file;           /* assigned by the writer */
+	uint64_t file_offset;
+	atomic_int refs;
+
+	/* local file sink state */
+	uint64_t io_done;        /* bytes of span written so far */
+	struct eng_buf *io_next; /* sink's pending queue */
+} eng_buf;
+
+/* One save: metadata copied from the caller, layout, writer state. */
+typedef struct eng_job {
+	uint64_t step;
+	uint8_t save_id[16];
+	char *stepdir;           /* ROOT/step-N */
+	uint32_t chunk_bytes;
+	size_t ntensors;
+	fmt_tensor_entry *tensors; /* names point into `names` */
+	char *names;
+	const void **data;       /* caller's pointers, valid during the copy */
+	uint64_t stream_bytes;
+	uint64_t nchunks;
+	uint64_t payload_total;  /* sum of tensor nbytes */
+	fmt_chunk_entry *chunks; /* [nchunks], filled by the writer */
+	uint32_t nfiles;
+	fmt_file_entry *files;   /* final names; size/xxh3 set at finish */
+	uint8_t *hdrs;           /* nfiles shard headers of 4096 bytes */
+	uint64_t *file_end;      /* writer: next free offset per file */
+	uint64_t *file_cap;      /* writer: planned (upper bound) size */
+	void **fhash;            /* writer: XXH3_state_t per file */
+	uint64_t received;       /* writer: chunks dispatched */
+
+	/* under c->mu */
+	int copy_done;           /* ckpt_save() no longer touches the job */
+	int reported;            /* ckpt_save() returned the failure */
+	int status;
+	char msg[ENG_ERRMSG_MAX];
+} eng_job;
+
+/*
+ * A destination of encoded chunks. Called only from the writer thread.
+ *  begin:   before the first chunk (files created, headers written).
+ *  put:     a chunk with file/offset assigned, in file order per file. The
+ *           sink owns one reference and drops it with eng_buf_unref().
+ *  pump:    non-blocking: submit queued work, reap finished work; sets
+ *           *busy when work is outstanding (the sink then guarantees a
+ *           wake-up of the writer's eventfd when it progresses). With
+ *           `failed` set it submits nothing new and drops queued chunks.
+ *  finish:  every chunk put and pump idle: make the output durable.
+ *  publish: the host index document (after finish).
+ *  abort:   after a failure, once idle: remove partial output.
+ * Failures: return a code and describe it with eng_job_fail().
+ */
+typedef struct eng_sink_ops {
+	const char *name;
+	int (*begin)(struct eng_sink *s, eng_job *job);
+	void (*put)(struct eng_sink *s, eng_buf *b);
+	int (*pump)(struct eng_sink *s, int failed, int *busy);
+	int (*finish)(struct eng_sink *s, eng_job *job);
+	int (*publish)(struct eng_sink *s, eng_job *job, const char *name,
+		       const uint8_t *buf, size_t len);
+	void (*abort)(struct eng_sink *s, eng_job *job);
+	void (*destroy)(struct eng_sink *s);
+} eng_sink_ops;
+
+typedef struct eng_sink {
+	const eng_sink_ops *ops;
+	struct ckpt *c;
+} eng_sink;
+
+#define ENG_MAX_SINKS 4
+
+struct ckpt {
+	char *root;
+	ckpt_settings s;
+	unsigned nworkers;
+	int direct;              /* O_DIRECT usable under root */
+	char errmsg[ENG_ERRMSG_MAX];
+
+	pthread_mutex_t mu;
+	pthread_cond_t slot_cv;   /* copier: a slot was freed / job failed */
+	pthread_cond_t work_cv;   /* workers: task queued / shutdown */
+	pthread_cond_t out_cv;    /* workers: output buffer freed */
+	pthread_cond_t writer_cv; /* writer: job queued / shutdown */
+	pthread_cond_t done_cv;   /* ckpt_wait: save finished */
+	int efd;                  /* eventfd waking the writer during a job */
+
+	/* buffers: one mmap; bufs[0..nslots) slots, then nout outputs */
+	uint8_t *mem;
+	size_t mem_bytes;
+	eng_buf *bufs;
+	uint32_t nslots, nout;
+	eng_buf *free_slots, *free_outs;
+	uint32_t nfree_slots, nfree_outs;
+
+	/* queues (under mu) */
+	eng_buf *work_head, *work_tail;  /* filled slots for the workers */
+	eng_buf *wq_head, *wq_tail;      /* encoded chunks for the writer */
+
+	struct io_uring ring;
+	int have_ring;
+	int fixed_bufs;
+
+	pthread_t *workers;
+	unsigned nstarted;
+	pthread_t writer;
+	int writer_started;
+	int shutdown;
+
+	eng_sink *sinks[ENG_MAX_SINKS];
+	unsigned nsinks;
+
+	/* save state (under mu) */
+	eng_job *job;             /* current or last save */
+	int job_pending;          /* queued, writer has not taken it yet */
+	int busy;                 /* a save is in flight */
+	int state;                /* enum ckpt_save_state */
+	int status;               /* of the last finished save */
+	int uncollected;          /* failed and nobody was told */
+	char status_msg[ENG_ERRMSG_MAX];
+	uint64_t step;
+	uint64_t bytes_total, bytes_staged, bytes_written, bytes_committed,
+		bytes_stored;
+};
+
+/* save.c */
+void eng_buf_unref(struct ckpt *c, eng_buf *b);
+void eng_writer_wake(struct ckpt *c);
+/* Records the first failure of `job` (message under c->mu) and wakes
+ * everybody who waits on it; returns code. */
+int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt,
+		 ...) __attribute__((format(printf, 4, 5)));
+int eng_job_status(struct ckpt *c, eng_job *job);
+void eng_job_free(eng_job *job);
+
+/* Open-addressing set of byte strings (tensor names). */
+typedef struct eng_nameset {
+	size_t cap, n;
+	const char **key;
+	size_t *len;
+	size_t *val;
+} eng_nameset;
+int eng_nameset_init(eng_nameset *s, size_t expect);
+/* Inserts; returns 1 if inserted, 0 if already present (*val = existing
+ * value), -ENOMEM. */
+int eng_nameset_add(eng_nameset *s, const char *k, size_t len, size_t v,
+		    size_t *val);
+void eng_nameset_free(eng_nameset *s);
+
+/* writer.c */
+void *eng_writer_main(void *arg);
+int eng_local_sink_new(struct ckpt *c, eng_sink **out);
+
+/* commit.c */
+/* The commit of ckpt_commit(): errbuf gets the message. */
+int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
+		    char *errbuf);
+/* Retention + optional debris removal; skip_step is never touched
+ * (UINT64_MAX: none). */
+int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
+	       unsigned flags, int debris, uint64_t skip_step,
+	       ckpt_gc_report *report, char *errbuf);
+
+#endif /* CKPT_ENGINE_SAVE_INTERNAL_H */

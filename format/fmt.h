@@ -1,0 +1,232 @@
+/*
+ * fmt.h - format v1 of ckpt: byte layouts, codecs, metadata documents.
+ *
+ * This module knows nothing of the engine: it turns structs into bytes and
+ * bytes into validated structs, and encodes/decodes chunks. It does no file
+ * I/O. SPEC.md is the normative description; this header mirrors it.
+ *
+ * Errors: 0, -ENOMEM, -EINVAL, or the CKPT_E_* codes of ckpt.h
+ * (CKPT_E_CORRUPT, CKPT_E_VERSION, CKPT_E_CODEC, CKPT_E_MISMATCH). Functions
+ * that validate input take `char *err, size_t errlen` and write there a
+ * message naming what is wrong and where (field, byte offset, tensor).
+ */
+#ifndef CKPT_FMT_H
+#define CKPT_FMT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+
+#define FMT_VERSION 1
+#define FMT_ALIGN 4096u              /* file offsets of chunks, headers */
+#define FMT_STREAM_ALIGN 64u         /* tensors start at multiples of this in
+                                        a host's data stream */
+#define FMT_SHARD_HDR_SIZE 4096u     /* shard file header, padded */
+#define FMT_CHUNK_HDR_SIZE 64u       /* chunk header, before the payload */
+#define FMT_META_HDR_SIZE 64u        /* header of index and commit files */
+#define FMT_MIN_CHUNK (64u * 1024u)
+#define FMT_MAX_CHUNK (64u * 1024u * 1024u)
+#define FMT_MAX_FILES_PER_HOST 1024u
+#define FMT_MAX_HOSTS 65536u
+#define FMT_MAX_META_BYTES (1ull << 30) /* index / commit documents */
+
+/* ---- little-endian helpers and canonical hashes ---- */
+void fmt_put_u16(uint8_t *p, uint16_t v);
+void fmt_put_u32(uint8_t *p, uint32_t v);
+void fmt_put_u64(uint8_t *p, uint64_t v);
+uint16_t fmt_get_u16(const uint8_t *p);
+uint32_t fmt_get_u32(const uint8_t *p);
+uint64_t fmt_get_u64(const uint8_t *p);
+/* XXH3-64 stored in xxHash's canonical (big-endian) byte order. */
+void fmt_put_hash(uint8_t *p, uint64_t h);
+uint64_t fmt_get_hash(const uint8_t *p);
+uint64_t fmt_xxh3(const void *p, size_t n);
+/* 16 lower-case hex digits <-> u64; parse returns -1 if malformed. */
+void fmt_hash_hex(uint64_t h, char out[17]);
+int fmt_hash_parse(const char *s, uint64_t *out);
+
+static inline uint64_t fmt_align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/* ---- names inside a checkpoint root ---- */
+/* "step-%020llu"; parse returns 0 and sets *step, or -1 if `name` is not
+ * exactly such a name. */
+void fmt_step_dirname(uint64_t step, char out[32]);
+int fmt_step_parse(const char *name, uint64_t *step);
+/* Shard file "h%05u-f%03u.shard", index "h%05u.index", "COMMIT", "latest". */
+void fmt_shard_name(uint32_t host, uint32_t file, char out[32]);
+void fmt_index_name(uint32_t host, char out[32]);
+#define FMT_COMMIT_NAME "COMMIT"
+#define FMT_LATEST_NAME "latest"
+#define FMT_TMP_SUFFIX ".tmp"
+
+/* ---- validation helpers ---- */
+/* 1 if s[0..n) is valid UTF-8 without NUL, 1 <= n <= CKPT_MAX_NAME. */
+int fmt_name_valid(const char *s, size_t n);
+/* product of dims * elem size with overflow check; -1 on overflow. */
+int fmt_shape_bytes(const uint64_t *dims, uint32_t ndim, size_t elem,
+		    uint64_t *out);
+
+/* ---- shard file header (4096 bytes) ---- */
+typedef struct fmt_shard_hdr {
+	uint64_t step;
+	uint8_t save_id[16];
+	uint32_t host_index;
+	uint32_t host_count;
+	uint32_t file_index;
+} fmt_shard_hdr;
+
+/* Writes FMT_SHARD_HDR_SIZE bytes (zero padded) at out. */
+void fmt_shard_hdr_encode(const fmt_shard_hdr *h, uint8_t *out);
+/* Validates magic, version, header checksum. */
+int fmt_shard_hdr_decode(const uint8_t *in, size_t n, fmt_shard_hdr *h,
+			 char *err, size_t errlen);
+
+/* ---- chunk header (64 bytes, then payload, then zero padding) ---- */
+typedef struct fmt_chunk_hdr {
+	uint8_t codec;          /* enum ckpt_codec */
+	uint8_t elem_width;     /* 1, 2, 4 or 8: element size for CODEC_FLOAT */
+	uint32_t raw_len;       /* bytes after decoding, <= FMT_MAX_CHUNK */
+	uint32_t stored_len;    /* payload bytes following the header */
+	uint64_t stream_offset; /* of the first raw byte in the host stream */
+	uint64_t raw_xxh3;      /* XXH3-64 of the raw bytes */
+} fmt_chunk_hdr;
+
+void fmt_chunk_hdr_encode(const fmt_chunk_hdr *h, uint8_t out[64]);
+/* Validates magic, header checksum, codec, widths and lengths. */
+int fmt_chunk_hdr_decode(const uint8_t *in, size_t n, fmt_chunk_hdr *h,
+			 char *err, size_t errlen);
+/* Bytes a chunk occupies in its file: align_up(64 + stored_len, 4096). */
+static inline uint64_t fmt_chunk_span(uint32_t stored_len)
+{
+	return fmt_align_up((uint64_t)FMT_CHUNK_HDR_SIZE + stored_len,
+			    FMT_ALIGN);
+}
+
+/* ---- codecs ---- */
+typedef struct fmt_codec_ctx fmt_codec_ctx; /* one per thread */
+fmt_codec_ctx *fmt_codec_ctx_new(void);
+void fmt_codec_ctx_free(fmt_codec_ctx *c);
+
+/* Largest payload encode may produce for raw_len bytes (any codec). */
+size_t fmt_codec_bound(size_t raw_len);
+
+/*
+ * Encodes raw[0..raw_len) with `codec` (zstd `level`; `elem_width` for
+ * CKPT_CODEC_FLOAT; widths other than 2/4/8 make FLOAT behave as ZSTD) into
+ * out[0..out_cap). Sets *codec_used (CKPT_CODEC_NONE if the result would not
+ * be smaller than raw: then out holds a copy of raw) and *stored_len.
+ * out_cap must be >= fmt_codec_bound(raw_len).
+ */
+int fmt_chunk_encode(fmt_codec_ctx *c, int codec, int level, int elem_width,
+		     const void *raw, size_t raw_len, void *out, size_t out_cap,
+		     int *codec_used, size_t *stored_len);
+
+/*
+ * Decodes a payload into raw[0..raw_len) and checks that exactly raw_len
+ * bytes result. Never reads outside stored[0..stored_len) nor writes
+ * outside raw[0..raw_len), whatever the payload holds. Does not check the
+ * hash (the caller does, with fmt_xxh3).
+ */
+int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
+		     const void *stored, size_t stored_len, void *raw,
+		     size_t raw_len, char *err, size_t errlen);
+
+/* ---- metadata files: 64-byte header + JSON document ---- */
+enum fmt_meta_kind { FMT_META_INDEX = 1, FMT_META_COMMIT = 2 };
+
+/* Frames body[0..len) (a JSON document) for a file of `kind`. Returns a
+ * malloc'd buffer of FMT_META_HDR_SIZE + len bytes in *out. */
+int fmt_meta_wrap(int kind, const char *body, size_t len, uint8_t **out,
+		  size_t *out_len);
+/* Checks the frame of a whole file's bytes (magic, version, kind, length ==
+ * file size - 64, body hash) and returns a pointer to the body inside
+ * `file`. */
+int fmt_meta_unwrap(int kind, const uint8_t *file, size_t file_len,
+		    const char **body, size_t *body_len, char *err,
+		    size_t errlen);
+
+/* ---- host index ---- */
+typedef struct fmt_file_entry {
+	char name[32];
+	uint64_t size;
+	uint64_t xxh3;          /* of the whole file */
+	uint32_t host;
+	int32_t kind;           /* enum ckpt_file_kind */
+} fmt_file_entry;
+
+typedef struct fmt_tensor_entry {
+	char *name;             /* NUL-terminated, validated UTF-8 */
+	size_t name_len;
+	int32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[CKPT_MAX_NDIM];
+	uint64_t offset[CKPT_MAX_NDIM];
+	uint64_t extent[CKPT_MAX_NDIM];
+	uint64_t stream_offset; /* multiple of FMT_STREAM_ALIGN */
+	uint64_t nbytes;        /* product(extent) * dtype size */
+} fmt_tensor_entry;
+
+typedef struct fmt_chunk_entry {
+	uint32_t file;          /* index into fmt_index.files */
+	uint8_t codec;
+	uint8_t elem_width;
+	uint32_t raw_len;
+	uint32_t stored_len;
+	uint64_t file_offset;   /* of the chunk header, multiple of 4096 */
+	uint64_t stream_offset;
+	uint64_t raw_xxh3;
+} fmt_chunk_entry;
+
+typedef struct fmt_index {
+	uint64_t step;
+	uint8_t save_id[16];
+	uint32_t host_index;
+	uint32_t host_count;
+	uint32_t chunk_bytes;
+	uint64_t stream_bytes;
+	size_t nfiles;
+	fmt_file_entry *files;  /* shard files of this host, kind SHARD */
+	size_t ntensors;
+	fmt_tensor_entry *tensors;
+	size_t nchunks;
+	fmt_chunk_entry *chunks; /* sorted by stream_offset, contiguous,
+	                            covering [0, stream_bytes) */
+} fmt_index;
+
+/* Serializes to a framed file image (malloc'd). */
+int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len);
+/*
+ * Parses and validates a whole index file: frame, JSON types, every
+ * number's range (dtype, ndim, shapes, slice inside shape, nbytes,
+ * stream ranges inside stream_bytes and non-overlapping, chunks contiguous
+ * and covering the stream, chunk spans inside their file's size and not
+ * overlapping, file offsets aligned, names valid and unique).
+ */
+int fmt_index_decode(const uint8_t *file, size_t file_len, fmt_index *ix,
+		     char *err, size_t errlen);
+void fmt_index_free(fmt_index *ix); /* frees members, not ix itself */
+
+/* ---- commit record ---- */
+typedef struct fmt_commit {
+	uint64_t step;
+	uint32_t host_count;
+	int64_t commit_unix_ns;
+	uint64_t tensor_count;  /* distinct global tensors */
+	uint64_t raw_bytes;
+	uint64_t stored_bytes;  /* sum of all file sizes */
+	size_t nfiles;
+	fmt_file_entry *files;  /* every index and shard file of every host */
+} fmt_commit;
+
+int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len);
+/* Validates frame, types, ranges, names (each a valid index/shard name of a
+ * host < host_count, no duplicates, exactly one index per host). */
+int fmt_commit_decode(const uint8_t *file, size_t file_len, fmt_commit *cm,
+		      char *err, size_t errlen);
+void fmt_commit_free(fmt_commit *cm);
+
+#endif /* CKPT_FMT_H */

@@ -1,0 +1,706 @@
+/*
+ * fmt_codec.c - chunk codecs of format v1 (SPEC.md section 6).
+ *
+ * none:  the raw bytes.
+ * zstd:  exactly one zstd frame whose content size is recorded and equals
+ *        raw_len.
+ * float: for elements of w = 2, 4 or 8 bytes. Each little-endian element
+ *        is rotated left by one bit (the sign goes to bit 0, so the most
+ *        significant byte holds the high exponent bits), then split into w
+ *        byte planes, most significant byte first. The exponent plane of
+ *        trained weights compresses well; the mantissa planes are close to
+ *        random, so each plane is first sampled and stored raw when zstd
+ *        would not gain, which keeps the codec fast. Layout:
+ *            u8 w, u8 nplanes (= w),
+ *            nplanes x { u8 mode (0 raw, 1 zstd), u32 stored_len },
+ *            the plane payloads in order, then raw_len % w tail bytes.
+ *
+ * Decoding trusts nothing: every length is checked against the payload
+ * size and the expected raw size before it is used, and every zstd frame
+ * must be a single frame of exactly the expected content size.
+ *
+ * The byte-plane transforms are the hot loops (they run over every byte
+ * written and read); w = 2 and w = 4 have SSE2 versions on x86-64 and
+ * portable scalar loops elsewhere and for the tails.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode, see plane_params */
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "fmt.h"
+
+#define SAMPLE_BYTES (64u * 1024u)
+/* A plane is compressed only if the sample shrinks below this fraction
+ * (SAMPLE_NUM / SAMPLE_DEN) of its size. */
+#define SAMPLE_NUM 97u
+#define SAMPLE_DEN 100u
+#define FLOAT_HDR(w) (2u + 5u * (unsigned)(w))
+
+struct fmt_codec_ctx {
+	ZSTD_CCtx *cctx;
+	ZSTD_DCtx *dctx;
+	uint8_t *scratch;       /* byte planes, up to FMT_MAX_CHUNK */
+	size_t scratch_cap;
+	uint8_t *sample;        /* ZSTD_compressBound(SAMPLE_BYTES) */
+	size_t sample_cap;
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+fmt_codec_ctx *fmt_codec_ctx_new(void)
+{
+	fmt_codec_ctx *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->cctx = ZSTD_createCCtx();
+	c->dctx = ZSTD_createDCtx();
+	c->sample_cap = ZSTD_compressBound(SAMPLE_BYTES);
+	c->sample = malloc(c->sample_cap);
+	if (!c->cctx || !c->dctx || !c->sample) {
+		fmt_codec_ctx_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+void fmt_codec_ctx_free(fmt_codec_ctx *c)
+{
+	if (!c)
+		return;
+	ZSTD_freeCCtx(c->cctx);
+	ZSTD_freeDCtx(c->dctx);
+	free(c->scratch);
+	free(c->sample);
+	free(c);
+}
+
+static int scratch_reserve(fmt_codec_ctx *c, size_t n)
+{
+	uint8_t *p;
+
+	if (n <= c->scratch_cap)
+		return 0;
+	if (n > FMT_MAX_CHUNK)
+		return -EINVAL;
+	p = malloc(n);
+	if (!p)
+		return -ENOMEM;
+	free(c->scratch);
+	c->scratch = p;
+	c->scratch_cap = n;
+	return 0;
+}
+
+/*
+ * n + n/256 + 128 covers ZSTD_compressBound(n) (n + n/256 + at most 64)
+ * and the float header (at most 42 bytes over raw_len). It is a format
+ * constant: readers reject larger stored_len values.
+ */
+size_t fmt_codec_bound(size_t raw_len)
+{
+	return raw_len + (raw_len >> 8) + 128;
+}
+
+static int zstd_err_code(size_t r)
+{
+	return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ?
+		-ENOMEM : CKPT_E_CODEC;
+}
+
+/* ---- byte-plane transforms ---- */
+
+static inline uint16_t ld16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t ld32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap32(v);
+#endif
+	return v;
+}
+
+static inline uint64_t ld64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap64(v);
+#endif
+	return v;
+}
+
+static inline void st16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void st32(uint8_t *p, uint32_t v)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap32(v);
+#endif
+	memcpy(p, &v, 4);
+}
+
+static inline void st64(uint8_t *p, uint64_t v)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap64(v);
+#endif
+	memcpy(p, &v, 8);
+}
+
+/* planes[j] receives byte (w-1-j) of each rotated element; n elements. */
+static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
+{
+	size_t i = 0;
+
+#if defined(__SSE2__)
+	const __m128i lo = _mm_set1_epi16(0x00ff);
+
+	for (; i + 16 <= n; i += 16) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+
+		a = _mm_or_si128(_mm_slli_epi16(a, 1), _mm_srli_epi16(a, 15));
+		b = _mm_or_si128(_mm_slli_epi16(b, 1), _mm_srli_epi16(b, 15));
+		_mm_storeu_si128((__m128i *)(p0 + i),
+				 _mm_packus_epi16(_mm_srli_epi16(a, 8),
+						  _mm_srli_epi16(b, 8)));
+		_mm_storeu_si128((__m128i *)(p1 + i),
+				 _mm_packus_epi16(_mm_and_si128(a, lo),
+						  _mm_and_si128(b, lo)));
+	}
+#endif
+	for (; i < n; i++) {
+		uint16_t x = ld16(src + 2 * i);
+
+		x = (uint16_t)((x << 1) | (x >> 15));
+		p0[i] = (uint8_t)(x >> 8);
+		p1[i] = (uint8_t)x;
+	}
+}
+
+static void join2(const uint8_t *p0, const uint8_t *p1, size_t n,
+		  uint8_t *dst)
+{
+	size_t i = 0;
+
+#if defined(__SSE2__)
+	for (; i + 16 <= n; i += 16) {
+		__m128i h = _mm_loadu_si128((const __m128i *)(p0 + i));
+		__m128i l = _mm_loadu_si128((const __m128i *)(p1 + i));
+		__m128i a = _mm_unpacklo_epi8(l, h);
+		__m128i b = _mm_unpackhi_epi8(l, h);
+
+		a = _mm_or_si128(_mm_srli_epi16(a, 1), _mm_slli_epi16(a, 15));
+		b = _mm_or_si128(_mm_srli_epi16(b, 1), _mm_slli_epi16(b, 15));
+		_mm_storeu_si128((__m128i *)(dst + 2 * i), a);
+		_mm_storeu_si128((__m128i *)(dst + 2 * i + 16), b);
+	}
+#endif
+	for (; i < n; i++) {
+		uint16_t x = (uint16_t)((p0[i] << 8) | p1[i]);
+
+		st16(dst + 2 * i, (uint16_t)((x >> 1) | (x << 15)));
+	}
+}
+
+#if defined(__SSE2__)
+static inline __m128i rotl32_1(__m128i v)
+{
+	return _mm_or_si128(_mm_slli_epi32(v, 1), _mm_srli_epi32(v, 31));
+}
+
+/* Byte k (0 = least significant) of 16 u32 lanes in a..d, as 16 bytes. */
+static inline __m128i byte_of(__m128i a, __m128i b, __m128i c, __m128i d,
+			      int k)
+{
+	const __m128i m = _mm_set1_epi32(0xff);
+	__m128i x, y;
+
+	switch (k) {
+	case 0:
+		break;
+	case 1:
+		a = _mm_srli_epi32(a, 8); b = _mm_srli_epi32(b, 8);
+		c = _mm_srli_epi32(c, 8); d = _mm_srli_epi32(d, 8);
+		break;
+	case 2:
+		a = _mm_srli_epi32(a, 16); b = _mm_srli_epi32(b, 16);
+		c = _mm_srli_epi32(c, 16); d = _mm_srli_epi32(d, 16);
+		break;
+	default:
+		a = _mm_srli_epi32(a, 24); b = _mm_srli_epi32(b, 24);
+		c = _mm_srli_epi32(c, 24); d = _mm_srli_epi32(d, 24);
+		break;
+	}
+	if (k != 3) {
+		a = _mm_and_si128(a, m); b = _mm_and_si128(b, m);
+		c = _mm_and_si128(c, m); d = _mm_and_si128(d, m);
+	}
+	x = _mm_packs_epi32(a, b); /* values <= 255: no saturation */
+	y = _mm_packs_epi32(c, d);
+	return _mm_packus_epi16(x, y);
+}
+#endif
+
+static void split4(const uint8_t *src, size_t n, uint8_t *const p[4])
+{
+	size_t i = 0;
+
+#if defined(__SSE2__)
+	for (; i + 16 <= n; i += 16) {
+		const uint8_t *s = src + 4 * i;
+		__m128i a = rotl32_1(_mm_loadu_si128((const __m128i *)s));
+		__m128i b = rotl32_1(_mm_loadu_si128((const __m128i *)(s + 16)));
+		__m128i c = rotl32_1(_mm_loadu_si128((const __m128i *)(s + 32)));
+		__m128i d = rotl32_1(_mm_loadu_si128((const __m128i *)(s + 48)));
+
+		_mm_storeu_si128((__m128i *)(p[0] + i), byte_of(a, b, c, d, 3));
+		_mm_storeu_si128((__m128i *)(p[1] + i), byte_of(a, b, c, d, 2));
+		_mm_storeu_si128((__m128i *)(p[2] + i), byte_of(a, b, c, d, 1));
+		_mm_storeu_si128((__m128i *)(p[3] + i), byte_of(a, b, c, d, 0));
+	}
+#endif
+	for (; i < n; i++) {
+		uint32_t x = ld32(src + 4 * i);
+
+		x = (x << 1) | (x >> 31);
+		p[0][i] = (uint8_t)(x >> 24);
+		p[1][i] = (uint8_t)(x >> 16);
+		p[2][i] = (uint8_t)(x >> 8);
+		p[3][i] = (uint8_t)x;
+	}
+}
+
+static void join4(const uint8_t *const p[4], size_t n, uint8_t *dst)
+{
+	size_t i = 0;
+
+#if defined(__SSE2__)
+	for (; i + 16 <= n; i += 16) {
+		__m128i b3 = _mm_loadu_si128((const __m128i *)(p[0] + i));
+		__m128i b2 = _mm_loadu_si128((const __m128i *)(p[1] + i));
+		__m128i b1 = _mm_loadu_si128((const __m128i *)(p[2] + i));
+		__m128i b0 = _mm_loadu_si128((const __m128i *)(p[3] + i));
+		__m128i l0 = _mm_unpacklo_epi8(b0, b1), l1 = _mm_unpackhi_epi8(b0, b1);
+		__m128i h0 = _mm_unpacklo_epi8(b2, b3), h1 = _mm_unpackhi_epi8(b2, b3);
+		__m128i v[4];
+
+		v[0] = _mm_unpacklo_epi16(l0, h0);
+		v[1] = _mm_unpackhi_epi16(l0, h0);
+		v[2] = _mm_unpacklo_epi16(l1, h1);
+		v[3] = _mm_unpackhi_epi16(l1, h1);
+		for (int k = 0; k < 4; k++) {
+			__m128i x = _mm_or_si128(_mm_srli_epi32(v[k], 1),
+						 _mm_slli_epi32(v[k], 31));
+
+			_mm_storeu_si128((__m128i *)(dst + 4 * i + 16 * k), x);
+		}
+	}
+#endif
+	for (; i < n; i++) {
+		uint32_t x = ((uint32_t)p[0][i] << 24) | ((uint32_t)p[1][i] << 16) |
+			     ((uint32_t)p[2][i] << 8) | p[3][i];
+
+		st32(dst + 4 * i, (x >> 1) | (x << 31));
+	}
+}
+
+static void split8(const uint8_t *src, size_t n, uint8_t *const p[8])
+{
+	for (size_t i = 0; i < n; i++) {
+		uint64_t x = ld64(src + 8 * i);
+
+		x = (x << 1) | (x >> 63);
+		p[0][i] = (uint8_t)(x >> 56);
+		p[1][i] = (uint8_t)(x >> 48);
+		p[2][i] = (uint8_t)(x >> 40);
+		p[3][i] = (uint8_t)(x >> 32);
+		p[4][i] = (uint8_t)(x >> 24);
+		p[5][i] = (uint8_t)(x >> 16);
+		p[6][i] = (uint8_t)(x >> 8);
+		p[7][i] = (uint8_t)x;
+	}
+}
+
+static void join8(const uint8_t *const p[8], size_t n, uint8_t *dst)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint64_t x = 0;
+
+		for (int j = 0; j < 8; j++)
+			x = (x << 8) | p[j][i];
+		st64(dst + 8 * i, (x >> 1) | (x << 63));
+	}
+}
+
+static void split(const uint8_t *src, size_t n, unsigned w,
+		  uint8_t *const p[8])
+{
+	if (w == 2)
+		split2(src, n, p[0], p[1]);
+	else if (w == 4)
+		split4(src, n, p);
+	else
+		split8(src, n, p);
+}
+
+static void join(const uint8_t *const p[8], size_t n, unsigned w,
+		 uint8_t *dst)
+{
+	if (w == 2)
+		join2(p[0], p[1], n, dst);
+	else if (w == 4)
+		join4(p, n, dst);
+	else
+		join8(p, n, dst);
+}
+
+/* ---- encoding ---- */
+
+/* Compresses src into dst (capacity cap); *len = 0 means "did not fit". */
+static int zstd_into(fmt_codec_ctx *c, int level, const void *src, size_t n,
+		     void *dst, size_t cap, size_t *len)
+{
+	size_t r = ZSTD_compressCCtx(c->cctx, dst, cap, src, n, level);
+
+	*len = 0;
+	if (ZSTD_isError(r)) {
+		if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall)
+			return 0;
+		return zstd_err_code(r);
+	}
+	*len = r;
+	return 0;
+}
+
+/*
+ * zstd parameters for byte planes. Match finding is wasted effort there:
+ * an exponent plane is a stream of a few frequent symbols whose short
+ * repeats cost more as sequences than as Huffman-coded literals, and the
+ * mantissa planes are noise. So planes are compressed with the fast
+ * strategy, a tiny hash table and the longest minimum match, whatever the
+ * level: about twice as fast as plain level 1 and better on exponent
+ * planes (0.33 vs 0.36 of their size for bf16 weights; higher levels
+ * measured no better and 50-300x slower). Negative levels keep their
+ * acceleration, but would turn off literal compression, the one thing
+ * that helps, so it is forced back on (best effort: an experimental zstd
+ * parameter). Decoders do not care: every plane is a plain zstd frame.
+ */
+static int plane_params(fmt_codec_ctx *c, int level)
+{
+	ZSTD_CCtx_reset(c->cctx, ZSTD_reset_session_and_parameters);
+	if (ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx,
+						ZSTD_c_compressionLevel,
+						level < 0 ? level : 1)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_strategy,
+						ZSTD_fast)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_minMatch,
+						ZSTD_MINMATCH_MAX)) ||
+	    ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_hashLog,
+						ZSTD_HASHLOG_MIN)))
+		return CKPT_E_CODEC;
+	if (level < 0)
+		(void)ZSTD_CCtx_setParameter(c->cctx,
+					     ZSTD_c_literalCompressionMode,
+					     ZSTD_ps_enable);
+	return 0;
+}
+
+/* Compresses with the parameters set by plane_params(). */
+static int plane_zstd(fmt_codec_ctx *c, const void *src, size_t n,
+		      void *dst, size_t cap, size_t *len)
+{
+	size_t r = ZSTD_compress2(c->cctx, dst, cap, src, n);
+
+	*len = 0;
+	if (ZSTD_isError(r)) {
+		if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall)
+			return 0;
+		return zstd_err_code(r);
+	}
+	*len = r;
+	return 0;
+}
+
+/*
+ * Writes one plane at dst (room for `n` bytes at least) and returns its
+ * mode and stored length. Compressed output must be strictly smaller than
+ * the plane, so it always fits into n bytes.
+ */
+static int encode_plane(fmt_codec_ctx *c, const uint8_t *plane, size_t n,
+			uint8_t *dst, uint8_t *mode, size_t *len)
+{
+	size_t got;
+	int rc;
+
+	if (n > SAMPLE_BYTES) {
+		rc = plane_zstd(c, plane, SAMPLE_BYTES, c->sample,
+				c->sample_cap, &got);
+		if (rc)
+			return rc;
+		if (got == 0 ||
+		    (uint64_t)got * SAMPLE_DEN >
+			    (uint64_t)SAMPLE_BYTES * SAMPLE_NUM)
+			goto raw;
+	}
+	if (n > 1) {
+		rc = plane_zstd(c, plane, n, dst, n - 1, &got);
+		if (rc)
+			return rc;
+		if (got) {
+			*mode = 1;
+			*len = got;
+			return 0;
+		}
+	}
+raw:
+	if (n)
+		memcpy(dst, plane, n);
+	*mode = 0;
+	*len = n;
+	return 0;
+}
+
+static int encode_float(fmt_codec_ctx *c, int level, unsigned w,
+			const uint8_t *raw, size_t raw_len, uint8_t *out,
+			size_t *stored)
+{
+	size_t n = raw_len / w, tail = raw_len % w;
+	size_t pos = FLOAT_HDR(w);
+	uint8_t *planes[8];
+	int rc;
+
+	rc = scratch_reserve(c, n * w);
+	if (!rc)
+		rc = plane_params(c, level);
+	if (rc)
+		return rc;
+	for (unsigned j = 0; j < w; j++)
+		planes[j] = c->scratch + j * n;
+	split(raw, n, w, planes);
+	out[0] = (uint8_t)w;
+	out[1] = (uint8_t)w;
+	for (unsigned j = 0; j < w; j++) {
+		uint8_t mode;
+		size_t len;
+
+		/* out has fmt_codec_bound(raw_len) >= FLOAT_HDR(w) + raw_len
+		 * bytes and every plane takes at most n. */
+		rc = encode_plane(c, planes[j], n, out + pos, &mode, &len);
+		if (rc)
+			return rc;
+		out[2 + 5 * j] = mode;
+		fmt_put_u32(out + 3 + 5 * j, (uint32_t)len);
+		pos += len;
+	}
+	memcpy(out + pos, raw + n * w, tail);
+	*stored = pos + tail;
+	return 0;
+}
+
+int fmt_chunk_encode(fmt_codec_ctx *c, int codec, int level, int elem_width,
+		     const void *raw, size_t raw_len, void *out, size_t out_cap,
+		     int *codec_used, size_t *stored_len)
+{
+	size_t got = 0;
+	int rc = 0;
+
+	if (!c || !raw || !out || !codec_used || !stored_len ||
+	    codec < 0 || codec >= CKPT_CODEC_COUNT ||
+	    raw_len < 1 || raw_len > FMT_MAX_CHUNK ||
+	    out_cap < fmt_codec_bound(raw_len) ||
+	    level < ZSTD_minCLevel() || level > ZSTD_maxCLevel())
+		return -EINVAL;
+	if (codec == CKPT_CODEC_FLOAT &&
+	    ((elem_width != 2 && elem_width != 4 && elem_width != 8) ||
+	     raw_len < (size_t)elem_width))
+		codec = CKPT_CODEC_ZSTD;
+
+	if (codec == CKPT_CODEC_ZSTD) {
+		rc = zstd_into(c, level, raw, raw_len, out, out_cap, &got);
+	} else if (codec == CKPT_CODEC_FLOAT) {
+		rc = encode_float(c, level, (unsigned)elem_width, raw, raw_len,
+				  out, &got);
+	}
+	if (rc)
+		return rc;
+	if (codec == CKPT_CODEC_NONE || got == 0 || got >= raw_len) {
+		memcpy(out, raw, raw_len);
+		codec = CKPT_CODEC_NONE;
+		got = raw_len;
+	}
+	*codec_used = codec;
+	*stored_len = got;
+	return 0;
+}
+
+/* ---- decoding ---- */
+
+/* One zstd frame of exactly `n` content bytes, filling dst[0..n). */
+static int zstd_exact(fmt_codec_ctx *c, const uint8_t *src, size_t len,
+		      uint8_t *dst, size_t n, const char *what, char *err,
+		      size_t errlen)
+{
+	unsigned long long csize;
+	size_t fsize, r;
+
+	fsize = ZSTD_findFrameCompressedSize(src, len);
+	if (ZSTD_isError(fsize) || fsize != len)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "%s: not exactly one zstd frame of %zu bytes",
+			    what, len);
+	csize = ZSTD_getFrameContentSize(src, len);
+	if (csize == ZSTD_CONTENTSIZE_UNKNOWN ||
+	    csize == ZSTD_CONTENTSIZE_ERROR || csize != n)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "%s: zstd frame does not declare %zu bytes", what,
+			    n);
+	r = ZSTD_decompressDCtx(c->dctx, dst, n, src, len);
+	if (ZSTD_isError(r)) {
+		if (ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+			return -ENOMEM;
+		return fail(err, errlen, CKPT_E_CORRUPT, "%s: zstd: %s", what,
+			    ZSTD_getErrorName(r));
+	}
+	if (r != n)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "%s: zstd frame gave %zu bytes, expected %zu", what,
+			    r, n);
+	return 0;
+}
+
+static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
+			size_t len, uint8_t *raw, size_t raw_len, char *err,
+			size_t errlen)
+{
+	size_t n = raw_len / w, tail = raw_len % w;
+	size_t pos = FLOAT_HDR(w), need;
+	const uint8_t *planes[8];
+	uint8_t modes[8];
+	size_t lens[8];
+	int rc;
+
+	if (len < FLOAT_HDR(w))
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "float payload: %zu bytes, shorter than its header",
+			    len);
+	if (in[0] != w || in[1] != w)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "float payload: width %u / %u planes, chunk header "
+			    "says %u", in[0], in[1], w);
+	need = pos + tail;
+	for (unsigned j = 0; j < w; j++) {
+		modes[j] = in[2 + 5 * j];
+		lens[j] = fmt_get_u32(in + 3 + 5 * j);
+		if (modes[j] > 1 || (modes[j] == 0 && lens[j] != n) ||
+		    (modes[j] == 1 && lens[j] == 0))
+			return fail(err, errlen, CKPT_E_CORRUPT,
+				    "float payload: plane %u: mode %u with "
+				    "%zu bytes for %zu elements", j, modes[j],
+				    lens[j], n);
+		if (lens[j] > len || need > len - lens[j])
+			return fail(err, errlen, CKPT_E_CORRUPT,
+				    "float payload: plane %u: lengths exceed "
+				    "the %zu-byte payload", j, len);
+		need += lens[j];
+	}
+	if (need != len)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "float payload: %zu bytes, layout needs %zu", len,
+			    need);
+	rc = scratch_reserve(c, n * w);
+	if (rc)
+		return rc;
+	for (unsigned j = 0; j < w; j++) {
+		if (modes[j] == 0) {
+			planes[j] = in + pos;
+		} else {
+			char what[48];
+
+			snprintf(what, sizeof(what), "float payload: plane %u",
+				 j);
+			rc = zstd_exact(c, in + pos, lens[j],
+					c->scratch + j * n, n, what, err,
+					errlen);
+			if (rc)
+				return rc;
+			planes[j] = c->scratch + j * n;
+		}
+		pos += lens[j];
+	}
+	join(planes, n, w, raw);
+	memcpy(raw + n * w, in + pos, tail);
+	return 0;
+}
+
+int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
+		     const void *stored, size_t stored_len, void *raw,
+		     size_t raw_len, char *err, size_t errlen)
+{
+	if (!c || !stored || !raw)
+		return -EINVAL;
+	if (raw_len < 1 || raw_len > FMT_MAX_CHUNK)
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "chunk: raw_len %zu out of range", raw_len);
+	if (stored_len < 1 || stored_len > fmt_codec_bound(raw_len))
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "chunk: stored_len %zu out of range for raw_len "
+			    "%zu", stored_len, raw_len);
+	switch (codec) {
+	case CKPT_CODEC_NONE:
+		if (stored_len != raw_len)
+			return fail(err, errlen, CKPT_E_CORRUPT,
+				    "chunk: codec none with stored_len %zu != "
+				    "raw_len %zu", stored_len, raw_len);
+		memcpy(raw, stored, raw_len);
+		return 0;
+	case CKPT_CODEC_ZSTD:
+		return zstd_exact(c, stored, stored_len, raw, raw_len,
+				  "zstd payload", err, errlen);
+	case CKPT_CODEC_FLOAT:
+		if (elem_width != 2 && elem_width != 4 && elem_width != 8)
+			return fail(err, errlen, CKPT_E_CORRUPT,
+				    "chunk: codec float with element width %d",
+				    elem_width);
+		return decode_float(c, (unsigned)elem_width, stored, stored_len,
+				    raw, raw_len, err, errlen);
+	default:
+		return fail(err, errlen, CKPT_E_CORRUPT,
+			    "chunk: unknown codec %d", codec);
+	}
+}
