@@ -7,7 +7,7 @@
 # 1 MiB blocks, depth 16, fsync at the end) for a file of --size bytes in
 # DIR, then runs bench_core on the same DIR with those bandwidths, so every
 # ratio it prints is against baselines of this run. Run as root for
-# drop_caches. Needs --size free space x ~3 in DIR. Other options (--json,
+# drop_caches. Needs --size free space x ~2 in DIR. Other options (--json,
 # --threads N, --pool B, --rss-pool B, --no-rss, --strict, --keep) go to
 # bench_core; see `bench_core --help`.
 set -euo pipefail

@@ -33,8 +33,8 @@ typedef struct slice_ref {
 static int cmp_slice(const void *a, const void *b)
 {
 	const slice_ref *x = a, *y = b;
-	size_t n = x->t->name_len < y->t->name_len ? x->t->name_len
-						   : y->t->name_len;
+	size_t n = x->t->name_len < y->t->name_len ? x->t->name_len :
+						     y->t->name_len;
 	int r = memcmp(x->t->name, y->t->name, n);
 
 	if (r)
@@ -265,14 +265,14 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 				goto out;
 			}
 			if (stat(path, &st) < 0) {
-				r = errno == ENOENT
-					    ? eng_err(errbuf, CKPT_E_INCOMPLETE,
-						      "%s: host %u's shard file "
-						      "is missing",
-						      path, h)
-					    : eng_err(errbuf, -errno,
-						      "%s: stat: %s", path,
-						      strerror(errno));
+				r = errno == ENOENT ?
+					    eng_err(errbuf, CKPT_E_INCOMPLETE,
+						    "%s: host %u's shard file "
+						    "is missing",
+						    path, h) :
+					    eng_err(errbuf, -errno,
+						    "%s: stat: %s", path,
+						    strerror(errno));
 				goto out;
 			}
 			if ((uint64_t)st.st_size != fe->size) {
@@ -462,7 +462,7 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 {
 	ckpt_gc_report rep;
 	eng_step_ent *v = NULL;
-	size_t n = 0, i, ncommitted = 0, rank = 0;
+	size_t n = 0, i, rank = 0;
 	int dry = (flags & CKPT_GC_DRY_RUN) != 0, have_newest = 0, r;
 	uint64_t newest = 0;
 
@@ -472,7 +472,6 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		goto out;
 	for (i = 0; i < n; i++)
 		if (v[i].committed) {
-			ncommitted++;
 			newest = v[i].step;
 			have_newest = 1;
 		}
@@ -487,8 +486,7 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		rank++;
 		if (keep || v[i].step == skip_step)
 			continue;
-		r = remove_step(root, v[i].step, dry, &rep.bytes_freed,
-				errbuf);
+		r = remove_step(root, v[i].step, dry, &rep.bytes_freed, errbuf);
 		if (r < 0)
 			goto out;
 		rep.steps_removed++;
@@ -513,7 +511,6 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		if (r < 0)
 			goto out;
 	}
-	(void)ncommitted;
 out:
 	free(v);
 	if (report)
@@ -572,7 +569,8 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count)
 
 	if (!c || !out || !count) {
 		if (c)
-			return fail(c, -EINVAL, "ckpt_list: out or count is NULL");
+			return fail(c, -EINVAL,
+				    "ckpt_list: out or count is NULL");
 		return eng_err(NULL, -EINVAL, "ckpt_list: handle is NULL");
 	}
 	*out = NULL;

@@ -15,12 +15,19 @@
  * chunk that is stored raw is written straight from its slot. A chunk that
  * compresses moves to an output buffer and its slot is freed at once.
  *
- * Workers run at a lower priority: on a small host the caller's copy (which
- * the training loop waits for) must not share a core with compression.
+ * The caller's copy is what the training loop waits for, so it should not
+ * share a core or memory bandwidth with compression: while it runs and the
+ * pool has room (more than a quarter free), workers leave compressed-codec
+ * chunks queued; they start when the copy ends or the pool fills up. That
+ * costs at most the copy time of overlap on a compression-bound save. Raw
+ * chunks (codec none: hash only) are processed at once, so the disk starts
+ * writing during the copy. Background threads are SCHED_BATCH (they never
+ * preempt the copy on wake-up) and workers run at a lower priority.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,8 +210,7 @@ void eng_buf_unref(struct ckpt *c, eng_buf *b)
 		buf_release(c, b);
 }
 
-int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt,
-		 ...)
+int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)
 {
 	char m[ENG_ERRMSG_MAX];
 	va_list ap;
@@ -304,19 +310,18 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 			buf_release(c, b);
 			return;
 		}
-		r = fmt_chunk_encode(cx, c->s.codec, c->s.level,
-				     b->elem_width, raw, b->raw_len,
-				     o->p + FMT_CHUNK_HDR_SIZE,
+		r = fmt_chunk_encode(cx, c->s.codec, c->s.level, b->elem_width,
+				     raw, b->raw_len, o->p + FMT_CHUNK_HDR_SIZE,
 				     o->cap - FMT_CHUNK_HDR_SIZE, &used,
 				     &stored);
 		if (r < 0) {
-			eng_job_fail(c, job, r,
-				     "step %llu: chunk at stream offset %llu: "
-				     "encoding with codec %s failed: %s",
-				     (unsigned long long)job->step,
-				     (unsigned long long)b->k * job->chunk_bytes,
-				     ckpt_codec_name(c->s.codec),
-				     ckpt_strerror(r));
+			eng_job_fail(
+				c, job, r,
+				"step %llu: chunk at stream offset %llu: "
+				"encoding with codec %s failed: %s",
+				(unsigned long long)job->step,
+				(unsigned long long)b->k * job->chunk_bytes,
+				ckpt_codec_name(c->s.codec), ckpt_strerror(r));
 			buf_release(c, o);
 			buf_release(c, b);
 			return;
@@ -351,13 +356,26 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 	push_writer(c, dst);
 }
 
+/*
+ * Background threads must not preempt the caller's copy: SCHED_BATCH (no
+ * wake-up preemption) and, for workers, a lower priority. Best effort.
+ */
+void eng_thread_background(int nice)
+{
+	struct sched_param sp;
+
+	memset(&sp, 0, sizeof(sp));
+	pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+	if (nice)
+		setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
+}
+
 static void *worker_main(void *arg)
 {
 	struct ckpt *c = arg;
 	fmt_codec_ctx *cx = NULL;
 
-	/* Best effort; failure just keeps the default priority. */
-	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+	eng_thread_background(5);
 	if (c->s.codec != CKPT_CODEC_NONE)
 		cx = fmt_codec_ctx_new();
 	pthread_mutex_lock(&c->mu);
@@ -365,7 +383,10 @@ static void *worker_main(void *arg)
 		eng_buf *b;
 		int failed;
 
-		while (!c->work_head && !c->shutdown)
+		while ((!c->work_head ||
+			(c->copying && c->nfree_slots > c->low_slots &&
+			 c->work_head->job->status == 0)) &&
+		       !c->shutdown)
 			pthread_cond_wait(&c->work_cv, &c->mu);
 		b = c->work_head;
 		if (!b)
@@ -405,7 +426,8 @@ static int check_settings(const ckpt_settings *s)
 	for (i = 0; i < sizeof(s->reserved) / sizeof(s->reserved[0]); i++)
 		if (s->reserved[i])
 			return eng_err(NULL, -EINVAL,
-				       "settings.reserved[%zu] must be zero", i);
+				       "settings.reserved[%zu] must be zero",
+				       i);
 	if (s->chunk_bytes % FMT_ALIGN || s->chunk_bytes < FMT_MIN_CHUNK ||
 	    s->chunk_bytes > FMT_MAX_CHUNK)
 		return eng_err(NULL, -EINVAL,
@@ -413,7 +435,8 @@ static int check_settings(const ckpt_settings *s)
 			       "4096 in [%u, %u]",
 			       s->chunk_bytes, FMT_MIN_CHUNK, FMT_MAX_CHUNK);
 	if (s->codec < 0 || s->codec >= CKPT_CODEC_COUNT)
-		return eng_err(NULL, -EINVAL, "settings.codec: unknown codec %d",
+		return eng_err(NULL, -EINVAL,
+			       "settings.codec: unknown codec %d",
 			       (int)s->codec);
 	if (s->level < ZSTD_minCLevel() || s->level > ZSTD_maxCLevel())
 		return eng_err(NULL, -EINVAL,
@@ -424,8 +447,7 @@ static int check_settings(const ckpt_settings *s)
 		return eng_err(NULL, -EINVAL,
 			       "settings.threads: %u is more than 1024",
 			       s->threads);
-	if (s->files_per_host < 1 ||
-	    s->files_per_host > FMT_MAX_FILES_PER_HOST)
+	if (s->files_per_host < 1 || s->files_per_host > FMT_MAX_FILES_PER_HOST)
 		return eng_err(NULL, -EINVAL,
 			       "settings.files_per_host: %u outside [1, %u]",
 			       s->files_per_host, FMT_MAX_FILES_PER_HOST);
@@ -442,13 +464,12 @@ static int check_settings(const ckpt_settings *s)
 		return eng_err(NULL, -EINVAL,
 			       "settings.queue_depth: %u outside [1, 4096]",
 			       s->queue_depth);
-	if (s->flags & ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT |
-			 CKPT_F_NO_URING))
-		return eng_err(NULL, -EINVAL,
-			       "settings.flags: unknown bits 0x%x",
-			       s->flags & ~(CKPT_F_NO_DIRECT |
-					    CKPT_F_MANUAL_COMMIT |
-					    CKPT_F_NO_URING));
+	if (s->flags &
+	    ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING))
+		return eng_err(
+			NULL, -EINVAL, "settings.flags: unknown bits 0x%x",
+			s->flags & ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT |
+				     CKPT_F_NO_URING));
 	if (s->staging_bytes > (1ull << 46))
 		return eng_err(NULL, -EINVAL,
 			       "settings.staging_bytes: %llu is absurdly large",
@@ -514,8 +535,8 @@ static void populate(uint8_t *m, size_t n, unsigned nthreads)
 		a[i].n = n - off < per ? n - off : per;
 		off += a[i].n;
 		if (i + 1 < nthreads && off < n &&
-		    pthread_create(&tid[started], NULL, populate_range, &a[i]) ==
-			    0) {
+		    pthread_create(&tid[started], NULL, populate_range,
+				   &a[i]) == 0) {
 			started++;
 			continue;
 		}
@@ -553,9 +574,10 @@ static int alloc_pool(struct ckpt *c)
 	m = mmap(NULL, c->mem_bytes, PROT_READ | PROT_WRITE,
 		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
-		return eng_err(NULL, -errno,
-			       "settings.staging_bytes: cannot map %zu bytes: %s",
-			       c->mem_bytes, strerror(errno));
+		return eng_err(
+			NULL, -errno,
+			"settings.staging_bytes: cannot map %zu bytes: %s",
+			c->mem_bytes, strerror(errno));
 	c->mem = m;
 	madvise(m, c->mem_bytes, MADV_HUGEPAGE);
 	populate(m, c->mem_bytes, eng_ncpus());
@@ -564,19 +586,22 @@ static int alloc_pool(struct ckpt *c)
 		return eng_err(NULL, -ENOMEM, "out of memory");
 	c->nslots = nslots;
 	c->nout = nout;
+	c->low_slots = nslots / 4;
 	for (i = 0; i < nslots + nout; i++) {
 		eng_buf *b = &c->bufs[i];
-		size_t start = i < nslots ? (size_t)i * slot_cap
-					  : (size_t)nslots * slot_cap +
-						    (size_t)(i - nslots) * out_cap;
+		size_t start = i < nslots ?
+				       (size_t)i * slot_cap :
+				       (size_t)nslots * slot_cap +
+					       (size_t)(i - nslots) * out_cap;
 
 		b->p = c->mem + start;
 		b->cap = i < nslots ? slot_cap : out_cap;
 		b->is_out = i >= nslots;
 		/* fixed index = 1 GiB piece, if the buffer lies inside one */
-		b->fixed = start / REG_PIECE == (start + b->cap - 1) / REG_PIECE
-				   ? (int)(start / REG_PIECE)
-				   : -1;
+		b->fixed = start / REG_PIECE ==
+					   (start + b->cap - 1) / REG_PIECE ?
+				   (int)(start / REG_PIECE) :
+				   -1;
 		atomic_init(&b->refs, 0);
 		buf_release_locked(c, b);
 	}
@@ -605,12 +630,13 @@ static void setup_ring(struct ckpt *c)
 		size_t off = i * REG_PIECE;
 
 		iov[i].iov_base = c->mem + off;
-		iov[i].iov_len = c->mem_bytes - off < REG_PIECE
-					 ? c->mem_bytes - off
-					 : REG_PIECE;
+		iov[i].iov_len = c->mem_bytes - off < REG_PIECE ?
+					 c->mem_bytes - off :
+					 REG_PIECE;
 	}
 	/* Pinning may fail (memlock limits): then plain writes. */
-	c->fixed_bufs = io_uring_register_buffers(&c->ring, iov, (unsigned)n) == 0;
+	c->fixed_bufs = io_uring_register_buffers(&c->ring, iov, (unsigned)n) ==
+			0;
 	free(iov);
 }
 
@@ -722,7 +748,8 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 			goto fail;
 		}
 		for (i = 0; i < c->nworkers; i++) {
-			r = -pthread_create(&c->workers[i], NULL, worker_main, c);
+			r = -pthread_create(&c->workers[i], NULL, worker_main,
+					    c);
 			if (r < 0) {
 				eng_err(NULL, r, "cannot start a worker: %s",
 					strerror(-r));
@@ -772,7 +799,7 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 		     size_t n, eng_job **out)
 {
 	eng_job *job = calloc(1, sizeof(*job));
-	eng_nameset ns = {0};
+	eng_nameset ns = { 0 };
 	size_t i, names_bytes = 0, *lens = NULL, dup;
 	uint64_t cur = 0;
 	char dname[32], *np;
@@ -820,14 +847,16 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 			goto out;
 		}
 		if (x->ndim > CKPT_MAX_NDIM) {
-			r = set_err(c, -EINVAL,
-				    "tensor \"%.200s\": ndim %u is more than %d",
-				    x->name, x->ndim, CKPT_MAX_NDIM);
+			r = set_err(
+				c, -EINVAL,
+				"tensor \"%.200s\": ndim %u is more than %d",
+				x->name, x->ndim, CKPT_MAX_NDIM);
 			goto out;
 		}
 		if (x->ndim > 0 && !x->shape) {
 			r = set_err(c, -EINVAL,
-				    "tensor \"%.200s\": shape is NULL", x->name);
+				    "tensor \"%.200s\": shape is NULL",
+				    x->name);
 			goto out;
 		}
 		e->dtype = x->dtype;
@@ -835,8 +864,8 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 		for (d = 0; d < x->ndim; d++) {
 			e->shape[d] = x->shape[d];
 			e->offset[d] = x->slice_offset ? x->slice_offset[d] : 0;
-			e->extent[d] = x->slice_extent ? x->slice_extent[d]
-						       : x->shape[d];
+			e->extent[d] = x->slice_extent ? x->slice_extent[d] :
+							 x->shape[d];
 			if (e->offset[d] > e->shape[d] ||
 			    e->extent[d] > e->shape[d] - e->offset[d]) {
 				r = set_err(c, -EINVAL,
@@ -852,9 +881,10 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 		}
 		if (fmt_shape_bytes(e->shape, e->ndim, es, &gbytes) < 0 ||
 		    fmt_shape_bytes(e->extent, e->ndim, es, &nb) < 0) {
-			r = set_err(c, -EINVAL,
-				    "tensor \"%.200s\": shape overflows 64 bits",
-				    x->name);
+			r = set_err(
+				c, -EINVAL,
+				"tensor \"%.200s\": shape overflows 64 bits",
+				x->name);
 			goto out;
 		}
 		if (nb != x->nbytes) {
@@ -903,8 +933,8 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 			    (unsigned long long)step);
 		goto out;
 	}
-	job->chunks = calloc(job->nchunks ? job->nchunks : 1,
-			     sizeof(*job->chunks));
+	job->chunks =
+		calloc(job->nchunks ? job->nchunks : 1, sizeof(*job->chunks));
 	job->names = malloc(names_bytes ? names_bytes : 1);
 	fmt_step_dirname(step, dname);
 	job->stepdir = eng_path("%s/%s", c->root, dname);
@@ -1029,7 +1059,8 @@ static void fill_slot(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
 		if (!ew)
 			ew = (unsigned)ckpt_dtype_size(e->dtype);
 		if (pos < e->stream_offset) {
-			n = (e->stream_offset < hi ? e->stream_offset : hi) - pos;
+			n = (e->stream_offset < hi ? e->stream_offset : hi) -
+			    pos;
 			memset(dst + (pos - lo), 0, n);
 		} else {
 			uint64_t end = e->stream_offset + e->nbytes;
@@ -1105,8 +1136,16 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	c->bytes_total = job->payload_total;
 	c->bytes_staged = c->bytes_written = c->bytes_committed = 0;
 	c->bytes_stored = 0;
+	c->copying = c->s.codec != CKPT_CODEC_NONE;
 	pthread_cond_signal(&c->writer_cv);
 	pthread_mutex_unlock(&c->mu);
+
+	/* The step directory exists when ckpt_save() returns (the writer
+	 * thread may not have run yet); gc spares it while we are busy. */
+	r = eng_mkdir(job->stepdir, 0755);
+	if (r < 0)
+		eng_job_fail(c, job, r, "%s: mkdir: %s", job->stepdir,
+			     ckpt_strerror(r));
 
 	for (k = 0; k < job->nchunks; k++) {
 		uint64_t lo = k * job->chunk_bytes;
@@ -1128,7 +1167,9 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 			c->work_head = b;
 		c->work_tail = b;
 		c->bytes_staged += b->payload;
-		pthread_cond_signal(&c->work_cv);
+		/* deferred workers would only wake up to sleep again */
+		if (!c->copying || c->nfree_slots <= c->low_slots)
+			pthread_cond_signal(&c->work_cv);
 		pthread_mutex_unlock(&c->mu);
 	}
 
@@ -1136,6 +1177,8 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	free(job->data); /* the caller's buffers are theirs again */
 	job->data = NULL;
 	job->copy_done = 1;
+	c->copying = 0;
+	pthread_cond_broadcast(&c->work_cv);
 	r = job->status;
 	if (r == 0) {
 		c->state = CKPT_STATE_WRITING;

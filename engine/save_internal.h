@@ -38,24 +38,24 @@ struct eng_sink;
 
 /* One staging slot or output buffer, and the chunk it currently carries. */
 typedef struct eng_buf {
-	uint8_t *p;              /* 4096-aligned */
+	uint8_t *p; /* 4096-aligned */
 	size_t cap;
-	int fixed;               /* registered buffer index, or -1 */
-	int is_out;              /* output buffer (else staging slot) */
-	int is_hdr;              /* a shard header (owned by a sink) */
-	struct eng_buf *next;    /* free list / queue link (under c->mu) */
+	int fixed;            /* registered buffer index, or -1 */
+	int is_out;           /* output buffer (else staging slot) */
+	int is_hdr;           /* a shard header (owned by a sink) */
+	struct eng_buf *next; /* free list / queue link (under c->mu) */
 
 	/* the chunk carried */
 	struct eng_job *job;
-	uint64_t k;              /* chunk index in the host stream */
+	uint64_t k; /* chunk index in the host stream */
 	uint32_t raw_len;
 	uint32_t stored_len;
 	uint8_t codec;
 	uint8_t elem_width;
 	uint64_t raw_xxh3;
-	uint64_t payload;        /* tensor bytes in this chunk (progress) */
-	uint64_t span;           /* bytes written: align(64 + stored, 4096) */
-	uint32_t file;           /* assigned by the writer */
+	uint64_t payload; /* tensor bytes in this chunk (progress) */
+	uint64_t span;    /* bytes written: align(64 + stored, 4096) */
+	uint32_t file;    /* assigned by the writer */
 	uint64_t file_offset;
 	atomic_int refs;
 
@@ -68,27 +68,27 @@ typedef struct eng_buf {
 typedef struct eng_job {
 	uint64_t step;
 	uint8_t save_id[16];
-	char *stepdir;           /* ROOT/step-N */
+	char *stepdir; /* ROOT/step-N */
 	uint32_t chunk_bytes;
 	size_t ntensors;
 	fmt_tensor_entry *tensors; /* names point into `names` */
 	char *names;
-	const void **data;       /* caller's pointers, valid during the copy */
+	const void **data; /* caller's pointers, valid during the copy */
 	uint64_t stream_bytes;
 	uint64_t nchunks;
 	uint64_t payload_total;  /* sum of tensor nbytes */
 	fmt_chunk_entry *chunks; /* [nchunks], filled by the writer */
 	uint32_t nfiles;
-	fmt_file_entry *files;   /* final names; size/xxh3 set at finish */
-	uint8_t *hdrs;           /* nfiles shard headers of 4096 bytes */
-	uint64_t *file_end;      /* writer: next free offset per file */
-	uint64_t *file_cap;      /* writer: planned (upper bound) size */
-	void **fhash;            /* writer: XXH3_state_t per file */
-	uint64_t received;       /* writer: chunks dispatched */
+	fmt_file_entry *files; /* final names; size/xxh3 set at finish */
+	uint8_t *hdrs;         /* nfiles shard headers of 4096 bytes */
+	uint64_t *file_end;    /* writer: next free offset per file */
+	uint64_t *file_cap;    /* writer: planned (upper bound) size */
+	void **fhash;          /* writer: XXH3_state_t per file */
+	uint64_t received;     /* writer: chunks dispatched */
 
 	/* under c->mu */
-	int copy_done;           /* ckpt_save() no longer touches the job */
-	int reported;            /* ckpt_save() returned the failure */
+	int copy_done; /* ckpt_save() no longer touches the job */
+	int reported;  /* ckpt_save() returned the failure */
 	int status;
 	char msg[ENG_ERRMSG_MAX];
 } eng_job;
@@ -130,7 +130,7 @@ struct ckpt {
 	char *root;
 	ckpt_settings s;
 	unsigned nworkers;
-	int direct;              /* O_DIRECT usable under root */
+	int direct; /* O_DIRECT usable under root */
 	char errmsg[ENG_ERRMSG_MAX];
 
 	pthread_mutex_t mu;
@@ -149,9 +149,13 @@ struct ckpt {
 	eng_buf *free_slots, *free_outs;
 	uint32_t nfree_slots, nfree_outs;
 
+	/* ckpt_save() is copying and compression waits (see worker_main) */
+	int copying;
+	uint32_t low_slots;
+
 	/* queues (under mu) */
-	eng_buf *work_head, *work_tail;  /* filled slots for the workers */
-	eng_buf *wq_head, *wq_tail;      /* encoded chunks for the writer */
+	eng_buf *work_head, *work_tail; /* filled slots for the workers */
+	eng_buf *wq_head, *wq_tail;     /* encoded chunks for the writer */
 
 	struct io_uring ring;
 	int have_ring;
@@ -167,12 +171,12 @@ struct ckpt {
 	unsigned nsinks;
 
 	/* save state (under mu) */
-	eng_job *job;             /* current or last save */
-	int job_pending;          /* queued, writer has not taken it yet */
-	int busy;                 /* a save is in flight */
-	int state;                /* enum ckpt_save_state */
-	int status;               /* of the last finished save */
-	int uncollected;          /* failed and nobody was told */
+	eng_job *job;    /* current or last save */
+	int job_pending; /* queued, writer has not taken it yet */
+	int busy;        /* a save is in flight */
+	int state;       /* enum ckpt_save_state */
+	int status;      /* of the last finished save */
+	int uncollected; /* failed and nobody was told */
 	char status_msg[ENG_ERRMSG_MAX];
 	uint64_t step;
 	uint64_t bytes_total, bytes_staged, bytes_written, bytes_committed,
@@ -181,11 +185,12 @@ struct ckpt {
 
 /* save.c */
 void eng_buf_unref(struct ckpt *c, eng_buf *b);
+void eng_thread_background(int nice);
 void eng_writer_wake(struct ckpt *c);
 /* Records the first failure of `job` (message under c->mu) and wakes
  * everybody who waits on it; returns code. */
-int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt,
-		 ...) __attribute__((format(printf, 4, 5)));
+int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 int eng_job_status(struct ckpt *c, eng_job *job);
 void eng_job_free(eng_job *job);
 

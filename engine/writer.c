@@ -38,9 +38,9 @@ typedef struct local_sink {
 	eng_job *job;
 	uint32_t nfiles;
 	int *fd;
-	int *buffered;     /* O_DIRECT dropped after an unaligned short write */
+	int *buffered; /* O_DIRECT dropped after an unaligned short write */
 	char **tmp, **fin;
-	eng_buf *hdr;      /* pseudo chunks for the shard headers */
+	eng_buf *hdr; /* pseudo chunks for the shard headers */
 	eng_buf *pend_head, *pend_tail;
 	unsigned inflight;
 	int uring, direct, prealloc;
@@ -166,8 +166,8 @@ static int ls_begin(eng_sink *s, eng_job *job)
 	for (f = 0; f < n; f++) {
 		ls->tmp[f] = eng_path("%s/%s" FMT_TMP_SUFFIX, job->stepdir,
 				      job->files[f].name);
-		ls->fin[f] = eng_path("%s/%s", job->stepdir,
-				      job->files[f].name);
+		ls->fin[f] =
+			eng_path("%s/%s", job->stepdir, job->files[f].name);
 		if (!ls->tmp[f] || !ls->fin[f])
 			return eng_job_fail(c, job, -ENOMEM, "out of memory");
 	}
@@ -340,10 +340,11 @@ static int ls_finish(eng_sink *s, eng_job *job)
 		if (ls->prealloc &&
 		    ftruncate(fd, (off_t)job->file_end[f]) < 0) {
 			r = -errno;
-			return eng_job_fail(c, job, r, "%s: truncate to %llu: %s",
-					    ls->tmp[f],
-					    (unsigned long long)job->file_end[f],
-					    ckpt_strerror(r));
+			return eng_job_fail(
+				c, job, r, "%s: truncate to %llu: %s",
+				ls->tmp[f],
+				(unsigned long long)job->file_end[f],
+				ckpt_strerror(r));
 		}
 		r = eng_fdatasync(fd);
 		if (r < 0)
@@ -521,8 +522,8 @@ static int prepare(struct ckpt *c, eng_job *job)
 		h.host_index = c->s.host_index;
 		h.host_count = c->s.host_count;
 		h.file_index = f;
-		fmt_shard_hdr_encode(&h, job->hdrs +
-						 (size_t)f * FMT_SHARD_HDR_SIZE);
+		fmt_shard_hdr_encode(
+			&h, job->hdrs + (size_t)f * FMT_SHARD_HDR_SIZE);
 		job->file_end[f] = job->file_cap[f] = FMT_SHARD_HDR_SIZE;
 		job->fhash[f] = XXH3_createState();
 		if (!job->fhash[f])
@@ -534,17 +535,16 @@ static int prepare(struct ckpt *c, eng_job *job)
 	}
 	for (k = 0; k < job->nchunks; k++) {
 		uint64_t lo = k * job->chunk_bytes;
-		uint64_t raw = job->stream_bytes - lo < job->chunk_bytes
-				       ? job->stream_bytes - lo
-				       : job->chunk_bytes;
+		uint64_t raw = job->stream_bytes - lo < job->chunk_bytes ?
+				       job->stream_bytes - lo :
+				       job->chunk_bytes;
 
 		job->file_cap[k % n] += fmt_chunk_span((uint32_t)raw);
 	}
 	return 0;
 }
 
-static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b,
-		     unsigned nsinks)
+static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 {
 	uint32_t f = (uint32_t)(b->k % job->nfiles);
 	fmt_chunk_entry *ce = &job->chunks[b->k];
@@ -736,6 +736,7 @@ void *eng_writer_main(void *arg)
 {
 	struct ckpt *c = arg;
 
+	eng_thread_background(0);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		eng_job *job;

@@ -732,6 +732,58 @@ START_TEST(test_commit_misuse)
 }
 END_TEST
 
+
+START_TEST(test_close_waits)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_root(dir);
+	tu_set set;
+	big_set(&set);
+	ck_assert_int_eq(tu_save_async(c, 4, &set), 0);
+	/* close right away: it waits, the step is committed */
+	ck_assert_int_eq(ckpt_close(c), 0);
+	char why[512];
+	ck_assert_msg(tu_check_root(dir, 4, &set, why, sizeof(why)) == 0, "%s",
+		      why);
+	tu_set_free(&set);
+}
+END_TEST
+
+
+/* ckpt_gc never touches the step this handle is saving, even when it is
+ * older than the newest committed step (it looks like debris). */
+START_TEST(test_gc_spares_inflight)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_root(dir);
+	ckpt_tensor t = good_tensor("w");
+	ck_assert_int_eq(ckpt_save(c, 5, &t, 1), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	tu_set set;
+	big_set(&set);
+	atomic_store(&gate_enabled, 1);
+	eng_io_set(&hook_io);
+	ck_assert_int_eq(tu_save_async(c, 3, &set), 0);
+	ckpt_gc_report rep;
+	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, &rep), 0);
+	char *sd = tu_path("%s/step-%020d", dir, 3);
+	ck_assert_msg(tu_exists(sd), "gc removed the step being saved");
+	gate_release();
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	eng_io_set(NULL);
+	char why[512];
+	ck_assert_msg(tu_check_root(dir, 3, &set, why, sizeof(why)) == 0, "%s",
+		      why);
+	/* the newest stays the newest */
+	uint64_t l;
+	ck_assert_int_eq(ckpt_latest(c, &l), 0);
+	ck_assert_uint_eq(l, 5);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	free(sd);
+	tu_set_free(&set);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("api");
@@ -752,6 +804,8 @@ int main(void)
 	tcase_add_test(tc, test_failed_save_previous);
 	tcase_add_test(tc, test_close_reports_failure);
 	tcase_add_test(tc, test_commit_misuse);
+	tcase_add_test(tc, test_close_waits);
+	tcase_add_test(tc, test_gc_spares_inflight);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }

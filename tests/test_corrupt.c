@@ -745,7 +745,7 @@ static const char *craft_name(int k)
 		"index host_index", "index chunk_bytes tiny", "stream_bytes+64K",
 		"last chunk dropped", "duplicate tensor name", "dtype f32->f64",
 		"slice outside shape", "shard from step 1", "file size in index",
-		"chunk stream_offset+64", "chunk_bytes huge", "tensor ndim+1",
+		"chunk stream_offset+64", "chunk_bytes huge", "global shape differs",
 	};
 	return n[k];
 }
@@ -855,9 +855,8 @@ static int mutate(struct craft *cr, fmt_index *ix, int k)
 		ix->chunk_bytes = 1u << 30;
 		return 1;
 	case 23:
-		t = find_t(ix, "h0.f32");
-		t->shape[1] = t->extent[1] = 1;
-		t->ndim = 2;
+		/* valid for host 0 alone, disagrees with host 1's slice */
+		find_t(ix, "w")->shape[1] = 1001;
 		return 1;
 	}
 	return 0;
@@ -923,6 +922,58 @@ START_TEST(test_crafted)
 }
 END_TEST
 
+
+/* ckpt_reader_copy of a damaged step fails and commits nothing. */
+START_TEST(test_copy_damaged)
+{
+	struct fixture fx;
+	build(&fx);
+	struct target t[32];
+	int nt = targets(&fx, t, 32);
+	tu_rng g;
+	tu_rng_seed(&g, 5);
+	uint64_t *pos = malloc(4096 * sizeof(*pos));
+	int n = 0;
+	for (int i = 0; i < nt; i++) {
+		if (!strstr(t[i].name, ".shard"))
+			continue;
+		size_t np = shard_positions(&t[i], pos, 4096, &g);
+		for (size_t k = 0; k < np; k += 17, n++) {
+			snprintf(cur_case, sizeof(cur_case),
+				 "copy with %s byte %llu flipped", t[i].name,
+				 (unsigned long long)pos[k]);
+			ck_assert_int_eq(tu_flip_bit(t[i].path, pos[k], 3), 0);
+			char *dst = tu_path("%s/copy-%d", tu_tmpdir(), n);
+			ckpt_reader *r = NULL;
+			int rc = ckpt_reader_open(&r, fx.root, STEP, NULL);
+			if (rc == 0) {
+				rc = ckpt_reader_copy(r, dst, NULL, NULL);
+				if (rc != CKPT_E_CORRUPT)
+					ck_abort_msg("%s: copy returned %d", cur_case,
+						     rc);
+				if (!strstr(ckpt_reader_errmsg(r), t[i].name))
+					ck_abort_msg("%s: message \"%s\"", cur_case,
+						     ckpt_reader_errmsg(r));
+				ckpt_reader_close(r);
+			}
+			ckpt_reader *r2 = NULL;
+			rc = ckpt_reader_open(&r2, dst, CKPT_LATEST, NULL);
+			if (rc != CKPT_E_NOTFOUND)
+				ck_abort_msg("%s: destination has a committed step "
+					     "(%d)", cur_case, rc);
+			tu_rm_rf(dst);
+			free(dst);
+			restore(&t[i]);
+		}
+	}
+	ck_assert_int_gt(n, 20);
+	snprintf(cur_case, sizeof(cur_case), "copy damaged");
+	free(pos);
+	free_targets(t, nt);
+	teardown(&fx);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("corrupt");
@@ -932,6 +983,7 @@ int main(void)
 	tcase_add_test(tc, test_truncate_extend);
 	tcase_add_test(tc, test_block_damage);
 	tcase_add_test(tc, test_crafted);
+	tcase_add_test(tc, test_copy_damaged);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }

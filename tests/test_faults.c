@@ -27,12 +27,12 @@
 static char why[1024];
 
 enum mode { M_NONE, M_WRITE_ERR, M_FSYNC_ERR, M_RENAME_ERR, M_SHORT_WRITE,
-	    M_READ_ERR, M_SHORT_READ };
+	    M_READ_ERR, M_SHORT_READ, M_OPEN_ERR };
 
 static atomic_int mode;
 static atomic_long target;
 static atomic_int inject_err;
-static atomic_long n_writes, n_syncs, n_renames, n_reads;
+static atomic_long n_writes, n_syncs, n_renames, n_reads, n_creates;
 static atomic_int fired, fired_after_commit, commit_done, shorts;
 
 static void reset_counters(void)
@@ -41,6 +41,7 @@ static void reset_counters(void)
 	atomic_store(&n_syncs, 0);
 	atomic_store(&n_renames, 0);
 	atomic_store(&n_reads, 0);
+	atomic_store(&n_creates, 0);
 	atomic_store(&fired, 0);
 	atomic_store(&fired_after_commit, 0);
 	atomic_store(&commit_done, 0);
@@ -135,7 +136,23 @@ static int h_rename(const char *from, const char *to)
 	return 0;
 }
 
+/* Files created (O_CREAT): shards, indexes, COMMIT, latest temp files. */
+static int h_open(const char *path, int flags, mode_t m)
+{
+	if (flags & O_CREAT) {
+		long n = atomic_fetch_add(&n_creates, 1) + 1;
+		if (atomic_load(&mode) == M_OPEN_ERR &&
+		    n == atomic_load(&target)) {
+			fire();
+			return atomic_load(&inject_err);
+		}
+	}
+	int fd = open(path, flags, m);
+	return fd < 0 ? -errno : fd;
+}
+
 static const eng_io hooks = {
+	.open = h_open,
 	.fsync = h_fsync,
 	.fdatasync = h_fdatasync,
 	.rename = h_rename,
@@ -217,7 +234,7 @@ static void check_step(const char *dir, uint64_t step, const char *ctx)
 }
 
 struct counts {
-	long writes, syncs, renames;
+	long writes, syncs, renames, creates;
 };
 
 /* Operations of one save of step 2 after a committed step 1. */
@@ -231,16 +248,19 @@ static struct counts measure(int cfg)
 	reset_counters();
 	ck_assert_int_eq(save_step(c, 2), 0);
 	struct counts k = {atomic_load(&n_writes), atomic_load(&n_syncs),
-			   atomic_load(&n_renames)};
+			   atomic_load(&n_renames), atomic_load(&n_creates)};
 	ck_assert_int_eq(ckpt_close(c), 0);
 	eng_io_set(NULL);
-	fprintf(stderr, "%s: a save does %ld writes, %ld syncs, %ld renames\n",
-		cfg_names[cfg], k.writes, k.syncs, k.renames);
+	fprintf(stderr, "%s: a save does %ld writes, %ld syncs, %ld renames, "
+			"%ld creates\n", cfg_names[cfg], k.writes, k.syncs,
+		k.renames, k.creates);
 	ck_assert_int_gt(k.writes, 4);
 	ck_assert_int_gt(k.syncs, 0);
 	ck_assert_int_gt(k.renames, 0);
 	return k;
 }
+
+static int n_before, n_after, n_after_reported;
 
 /* One fault case on the running root: prev is committed and latest. */
 static void fault_case(const char *dir, ckpt *c, uint64_t *prev, int m,
@@ -262,6 +282,9 @@ static void fault_case(const char *dir, ckpt *c, uint64_t *prev, int m,
 		return;
 	}
 	int after = atomic_load(&fired_after_commit);
+	n_before += !after;
+	n_after += after;
+	n_after_reported += after && rc;
 	if (!after) {
 		ck_assert_msg(rc == err, "%s: save returned %d (%s), want %d: %s",
 			      ctx, rc, ckpt_strerror(rc), err, ckpt_errmsg(c));
@@ -287,6 +310,9 @@ static void fault_case(const char *dir, ckpt *c, uint64_t *prev, int m,
 		if (rc == 0)
 			ck_assert_msg(listed(c, step), "%s: ok but not listed",
 				      ctx);
+		if (getenv("CKPT_TEST_VERBOSE"))
+			fprintf(stderr, "%s: after commit: rc %d listed %d: %s\n",
+				ctx, rc, listed(c, step), rc ? ckpt_errmsg(c) : "");
 		if (listed(c, step)) {
 			check_step(dir, step, ctx);
 			uint64_t l;
@@ -318,8 +344,13 @@ static void run_fault_series(int cfg, int m, long total, int err,
 	uint64_t prev = 1;
 	char label[96];
 	snprintf(label, sizeof(label), "%s %s", cfg_names[cfg], what);
+	n_before = n_after = n_after_reported = 0;
 	for (long n = 1; n <= total; n++)
 		fault_case(dir, c, &prev, m, n, err, label);
+	fprintf(stderr, "%s: %d faults before the commit record, %d after "
+			"(%d of them reported)\n", label, n_before, n_after,
+		n_after_reported);
+	ck_assert_int_gt(n_before, 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	eng_io_set(NULL);
 }
@@ -358,6 +389,14 @@ START_TEST(test_eio_nth_rename)
 {
 	struct counts k = measure(_i);
 	run_fault_series(_i, M_RENAME_ERR, k.renames, -EIO, "EIO rename");
+}
+END_TEST
+
+START_TEST(test_enospc_nth_create)
+{
+	struct counts k = measure(_i);
+	ck_assert_int_gt(k.creates, 2);
+	run_fault_series(_i, M_OPEN_ERR, k.creates, -ENOSPC, "ENOSPC create");
 }
 END_TEST
 
@@ -444,6 +483,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_eio_nth_write, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_fsync, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_rename, 0, 4);
+	tcase_add_loop_test(tc, test_enospc_nth_create, 0, 4);
 	tcase_add_loop_test(tc, test_short_writes, 0, 4);
 	tcase_add_loop_test(tc, test_read_faults, 0, 4);
 	suite_add_tcase(s, tc);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,18 @@ TCase *tu_tcase(const char *name, double timeout_s)
 	return tc;
 }
 
+static pid_t main_pid;
+
+/* meson kills a test that times out with SIGTERM: remove the session
+ * directory on the way out (only the runner process owns it). */
+static void term_handler(int sig)
+{
+	if (getpid() == main_pid && !getenv("CKPT_TEST_KEEP"))
+		tu_rm_rf(session_dir);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
 int tu_main(Suite *s)
 {
 	snprintf(session_dir, sizeof(session_dir), "%s/ckpt-test-XXXXXX",
@@ -137,6 +150,10 @@ int tu_main(Suite *s)
 		perror("mkdtemp");
 		return 1;
 	}
+	main_pid = getpid();
+	signal(SIGTERM, term_handler);
+	signal(SIGINT, term_handler);
+	signal(SIGHUP, term_handler);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_ENV);
 	int failed = srunner_ntests_failed(sr);
