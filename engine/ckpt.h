@@ -265,7 +265,8 @@ typedef struct ckpt_progress {
  * Waits for the in-flight save (if any) to finish and returns its status:
  * 0 when this host's part is durable and, unless CKPT_F_MANUAL_COMMIT or
  * host_count > 1, the step is committed. Collects the status: a failed save
- * reported here is not reported again by the next ckpt_save().
+ * reported here is not reported again by the next ckpt_save() (repeated
+ * ckpt_wait() calls keep returning it until the next save starts).
  */
 CKPT_API int ckpt_wait(ckpt *c);
 
@@ -281,6 +282,12 @@ CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p);
  * index (1..host_count) is present and intact. Any process may call it,
  * typically the coordinator of a pod once every host reported its part
  * durable. Then updates the `latest` pointer and applies retention.
+ * `latest` is a hint (readers find the newest COMMIT by scanning), so a
+ * failure to update it, or of retention, does not fail a durable commit;
+ * its message is left in ckpt_errmsg(). If the commit record was renamed
+ * into place but the directory could not be synced, the record is removed
+ * again and the error returned: a step is never left visible but not
+ * known durable.
  * Errors: CKPT_E_INCOMPLETE (names the missing host), CKPT_E_CORRUPT,
  * CKPT_E_EXISTS (already committed: nothing changed).
  */

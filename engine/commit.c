@@ -326,13 +326,24 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 	}
 	r = eng_write_file_atomic(stepdir, FMT_COMMIT_NAME, out, out_len,
 				  errbuf);
-	if (r < 0)
+	if (r < 0) {
+		/* If the rename happened but the directory fsync failed, the
+		 * step would be visible without being known durable: take
+		 * the record back so the error we return is the truth. */
+		char *cpath = eng_path("%s/" FMT_COMMIT_NAME, stepdir);
+
+		if (cpath)
+			eng_unlink(cpath);
+		free(cpath);
 		goto out;
+	}
 	/* Only move `latest` forward: committing an old step late must not
-	 * hide a newer one. */
+	 * hide a newer one. `latest` is a hint (readers scan for the newest
+	 * COMMIT), so failing to update it does not undo a durable commit:
+	 * the message stays in the handle's last error, the commit succeeds. */
 	lockfd = root_lock(root);
 	if (eng_resolve_latest(root, &cur, NULL) < 0 || cur <= step)
-		r = eng_write_latest(root, step, errbuf);
+		(void)eng_write_latest(root, step, errbuf);
 	root_unlock(lockfd);
 out:
 	for (i = 0; i < h_loaded; i++)
