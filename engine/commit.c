@@ -563,10 +563,13 @@ CKPT_API int ckpt_commit(ckpt *c, uint64_t step)
 	r = eng_commit_step(c->root, c->s.host_count, step, err);
 	if (r < 0)
 		return fail(c, r, err);
-	/* Retention problems do not undo a durable commit. */
+	/* Problems with the `latest` hint or retention do not undo a
+	 * durable commit; their message is kept for ckpt_errmsg(). */
 	if (c->s.keep_last || c->s.keep_every)
 		eng_gc_run(c->root, c->s.keep_last, c->s.keep_every, 0, 0,
 			   busy_step(c), NULL, err);
+	if (err[0])
+		(void)fail(c, 0, err);
 	return 0;
 }
 

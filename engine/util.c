@@ -135,8 +135,8 @@ int eng_write_file_atomic(const char *dir, const char *name,
 	}
 	r = eng_fsync_dir(dir);
 	if (r < 0)
-		eng_err(errbuf, r, "%s: fsync directory: %s", dir,
-			ckpt_strerror(r));
+		eng_err(errbuf, r, "%s: fsync directory after renaming %s: %s",
+			dir, name, ckpt_strerror(r));
 	goto out;
 fail:
 	if (fd >= 0)

@@ -637,10 +637,16 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		r = eng_commit_step(c->root, 1, job->step, err);
 		if (r < 0)
 			return eng_job_fail(c, job, r, "%s", err);
-		/* Retention problems do not undo a durable commit. */
+		/* Problems with the `latest` hint or retention do not undo a
+		 * durable commit; their message is kept for ckpt_errmsg(). */
 		if (c->s.keep_last || c->s.keep_every)
 			eng_gc_run(c->root, c->s.keep_last, c->s.keep_every, 0,
 				   0, UINT64_MAX, NULL, err);
+		if (err[0]) {
+			pthread_mutex_lock(&c->mu);
+			eng_err(c->errmsg, 0, "%s", err);
+			pthread_mutex_unlock(&c->mu);
+		}
 	}
 	return 0;
 }

@@ -4,17 +4,29 @@
  * EIO on the Nth rename, short writes and reads, read errors; with
  * io_uring and with CKPT_F_NO_URING, with O_DIRECT and CKPT_F_NO_DIRECT.
  *
- * For a fault that hits before the commit record is in place, the save
- * must fail with exactly the injected error and a message, the previous
- * step must stay latest, intact and verifiable, the failed step must not
- * be listed, and the same handle must then save the same step again.
- * A fault after the COMMIT rename (directory fsync, `latest` update) may
- * be reported or not, but the step is then either committed and intact or
- * not listed at all.
+ * Each injected fault has exactly one allowed outcome, decided by the
+ * stage of the save the failing call belongs to. The hooks record the path
+ * of every call (for write/fsync through a table fd -> path filled by the
+ * open hook), so the test knows what the Nth operation touched:
+ *  - data: shard files, the host index, the step and root directory syncs
+ *    of publishing the index;
+ *  - commit: COMMIT.tmp (create, write, fsync) and its rename to COMMIT;
+ *  - commit dirsync: the step directory fsync after the COMMIT rename;
+ *  - latest: latest.tmp (create, write, fsync), its rename, and the root
+ *    directory fsync after it.
+ * data, commit and commit dirsync faults fail the save (ckpt_wait, or
+ * ckpt_commit with CKPT_F_MANUAL_COMMIT) with exactly the injected error
+ * and a message; the step is not listed, no COMMIT(.tmp) is left, the
+ * previous step stays latest, intact and verifiable, and the same handle
+ * then saves (or commits) the same step again. A latest fault does not
+ * fail the durable commit: the call returns 0, the step is listed and is
+ * the newest by scan, and ckpt_errmsg() holds the message about the
+ * failed `latest` update.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +45,90 @@ static atomic_int mode;
 static atomic_long target;
 static atomic_int inject_err;
 static atomic_long n_writes, n_syncs, n_renames, n_reads, n_creates;
-static atomic_int fired, fired_after_commit, commit_done, shorts;
+static atomic_int fired, commit_done, latest_done, shorts;
+
+/* Stage of the save an operation belongs to (see the top comment). */
+enum stage { ST_DATA, ST_COMMIT, ST_COMMIT_DIRSYNC, ST_LATEST, ST_UNKNOWN,
+	     ST_COUNT };
+static const char *const stage_names[ST_COUNT] = {
+	"data", "commit", "commit dirsync", "latest", "unclassified"};
+
+/* The step being saved/committed (names its directory). */
+static atomic_ulong cur_step;
+
+/* The faulted operation: its stage and a description (op + path). */
+static atomic_int fired_stage;
+static char fired_what[600];
+
+/* Path of every fd the engine opened through the hook. */
+#define FD_MAX 4096
+static pthread_mutex_t fd_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *fd_path[FD_MAX];
+static int fd_isdir[FD_MAX];
+
+static void fd_record(int fd, const char *path, int flags)
+{
+	if (fd < 0 || fd >= FD_MAX)
+		return;
+	char *p = strdup(path);
+	pthread_mutex_lock(&fd_mu);
+	free(fd_path[fd]);
+	fd_path[fd] = p;
+	fd_isdir[fd] = (flags & O_DIRECTORY) != 0;
+	pthread_mutex_unlock(&fd_mu);
+}
+
+/* Copies the path of fd into buf ("?" if unknown); returns is-directory. */
+static int fd_lookup(int fd, char *buf, size_t len)
+{
+	int isdir = 0;
+	pthread_mutex_lock(&fd_mu);
+	if (fd >= 0 && fd < FD_MAX && fd_path[fd]) {
+		snprintf(buf, len, "%s", fd_path[fd]);
+		isdir = fd_isdir[fd];
+	} else {
+		snprintf(buf, len, "?fd %d", fd);
+	}
+	pthread_mutex_unlock(&fd_mu);
+	return isdir;
+}
+
+static const char *base_name(const char *path, char *buf, size_t len)
+{
+	size_t l = strlen(path);
+	while (l > 1 && path[l - 1] == '/')
+		l--;
+	size_t b = l;
+	while (b > 0 && path[b - 1] != '/')
+		b--;
+	snprintf(buf, len, "%.*s", (int)(l - b), path + b);
+	return buf;
+}
+
+/* Stage of an operation on `path` happening now. */
+static int classify(const char *path, int isdir)
+{
+	char b[256], sd[32];
+	base_name(path, b, sizeof(b));
+	if (!strcmp(b, FMT_LATEST_NAME) ||
+	    !strcmp(b, FMT_LATEST_NAME FMT_TMP_SUFFIX))
+		return ST_LATEST;
+	if (!strcmp(b, FMT_COMMIT_NAME) ||
+	    !strcmp(b, FMT_COMMIT_NAME FMT_TMP_SUFFIX))
+		return ST_COMMIT;
+	int cd = atomic_load(&commit_done), ld = atomic_load(&latest_done);
+	if (isdir) {
+		fmt_step_dirname(atomic_load(&cur_step), sd);
+		if (!strcmp(b, sd)) /* the step directory */
+			return ld ? ST_UNKNOWN : cd ? ST_COMMIT_DIRSYNC : ST_DATA;
+		/* the root: publishing the index, or after latest */
+		return ld ? ST_LATEST : cd ? ST_UNKNOWN : ST_DATA;
+	}
+	if (path[0] == '?')
+		return ST_UNKNOWN;
+	/* shards and the index */
+	return cd ? ST_UNKNOWN : ST_DATA;
+}
 
 static void reset_counters(void)
 {
@@ -43,15 +138,19 @@ static void reset_counters(void)
 	atomic_store(&n_reads, 0);
 	atomic_store(&n_creates, 0);
 	atomic_store(&fired, 0);
-	atomic_store(&fired_after_commit, 0);
+	atomic_store(&fired_stage, ST_UNKNOWN);
 	atomic_store(&commit_done, 0);
+	atomic_store(&latest_done, 0);
 	atomic_store(&shorts, 0);
+	fired_what[0] = 0;
 }
 
-static void fire(void)
+static void fire(const char *op, const char *path, int isdir)
 {
-	if (!atomic_exchange(&fired, 1))
-		atomic_store(&fired_after_commit, atomic_load(&commit_done));
+	if (!atomic_exchange(&fired, 1)) {
+		snprintf(fired_what, sizeof(fired_what), "%s %s", op, path);
+		atomic_store(&fired_stage, classify(path, isdir));
+	}
 }
 
 static long short_count(int fd, long res)
@@ -77,7 +176,9 @@ static long h_write_result(int fd, uint64_t off, size_t len, long res)
 	long n = atomic_fetch_add(&n_writes, 1) + 1;
 	int m = atomic_load(&mode);
 	if (m == M_WRITE_ERR && n == atomic_load(&target)) {
-		fire();
+		char p[512];
+		int isdir = fd_lookup(fd, p, sizeof(p));
+		fire("write", p, isdir);
 		return atomic_load(&inject_err);
 	}
 	if (m == M_SHORT_WRITE)
@@ -92,7 +193,7 @@ static long h_read_result(int fd, uint64_t off, size_t len, long res)
 	atomic_fetch_add(&n_reads, 1);
 	int m = atomic_load(&mode);
 	if (m == M_READ_ERR) {
-		fire();
+		fire("read", "", 0);
 		return -EIO;
 	}
 	if (m == M_SHORT_READ)
@@ -104,7 +205,9 @@ static int sync_hook(int fd, int data)
 {
 	long n = atomic_fetch_add(&n_syncs, 1) + 1;
 	if (atomic_load(&mode) == M_FSYNC_ERR && n == atomic_load(&target)) {
-		fire();
+		char p[512];
+		int isdir = fd_lookup(fd, p, sizeof(p));
+		fire(data ? "fdatasync" : "fsync", p, isdir);
 		return -EIO;
 	}
 	int rc = data ? fdatasync(fd) : fsync(fd);
@@ -125,14 +228,17 @@ static int h_rename(const char *from, const char *to)
 {
 	long n = atomic_fetch_add(&n_renames, 1) + 1;
 	if (atomic_load(&mode) == M_RENAME_ERR && n == atomic_load(&target)) {
-		fire();
+		fire("rename to", to, 0);
 		return -EIO;
 	}
 	if (rename(from, to))
 		return -errno;
-	size_t l = strlen(to);
-	if (l >= 7 && !strcmp(to + l - 7, "/COMMIT"))
+	char b[256];
+	base_name(to, b, sizeof(b));
+	if (!strcmp(b, FMT_COMMIT_NAME))
 		atomic_store(&commit_done, 1);
+	if (!strcmp(b, FMT_LATEST_NAME))
+		atomic_store(&latest_done, 1);
 	return 0;
 }
 
@@ -143,12 +249,15 @@ static int h_open(const char *path, int flags, mode_t m)
 		long n = atomic_fetch_add(&n_creates, 1) + 1;
 		if (atomic_load(&mode) == M_OPEN_ERR &&
 		    n == atomic_load(&target)) {
-			fire();
+			fire("create", path, 0);
 			return atomic_load(&inject_err);
 		}
 	}
-	int fd = open(path, flags, m);
-	return fd < 0 ? -errno : fd;
+	int fd = open(path, flags | O_CLOEXEC, m);
+	if (fd < 0)
+		return -errno;
+	fd_record(fd, path, flags);
+	return fd;
 }
 
 static const eng_io hooks = {
@@ -174,11 +283,11 @@ static void step_set(tu_set *set, uint64_t step)
 	tu_set_add(set, "f", CKPT_F32, 1, c, step + 2000);
 }
 
-static ckpt *open_cfg(const char *dir, int cfg)
+static ckpt *open_cfg(const char *dir, int cfg, int manual)
 {
 	ckpt_settings s;
 	tu_settings(&s);
-	s.flags = cfg_flags[cfg];
+	s.flags = cfg_flags[cfg] | (manual ? CKPT_F_MANUAL_COMMIT : 0);
 	s.files_per_host = 2;
 	ckpt *c = NULL;
 	int rc = ckpt_open(&c, dir, &s);
@@ -237,122 +346,228 @@ struct counts {
 	long writes, syncs, renames, creates;
 };
 
-/* Operations of one save of step 2 after a committed step 1. */
-static struct counts measure(int cfg)
+/* Operations of one save of step 2 after a committed step 1 (with manual
+ * commit: of the ckpt_commit of step 2 only). */
+static struct counts measure_mode(int cfg, int manual)
 {
 	const char *dir = tu_tmpdir();
-	ckpt *c = open_cfg(dir, cfg);
+	ckpt *c = open_cfg(dir, cfg, manual);
 	atomic_store(&mode, M_NONE);
 	eng_io_set(&hooks);
+	atomic_store(&cur_step, 1);
 	ck_assert_int_eq(save_step(c, 1), 0);
+	if (manual)
+		ck_assert_int_eq(ckpt_commit(c, 1), 0);
+	atomic_store(&cur_step, 2);
+	if (manual)
+		ck_assert_int_eq(save_step(c, 2), 0);
 	reset_counters();
-	ck_assert_int_eq(save_step(c, 2), 0);
+	ck_assert_int_eq(manual ? ckpt_commit(c, 2) : save_step(c, 2), 0);
 	struct counts k = {atomic_load(&n_writes), atomic_load(&n_syncs),
 			   atomic_load(&n_renames), atomic_load(&n_creates)};
 	ck_assert_int_eq(ckpt_close(c), 0);
 	eng_io_set(NULL);
-	fprintf(stderr, "%s: a save does %ld writes, %ld syncs, %ld renames, "
-			"%ld creates\n", cfg_names[cfg], k.writes, k.syncs,
-		k.renames, k.creates);
-	ck_assert_int_gt(k.writes, 4);
+	fprintf(stderr, "%s: a %s does %ld writes, %ld syncs, %ld renames, "
+			"%ld creates\n", cfg_names[cfg],
+		manual ? "ckpt_commit" : "save", k.writes, k.syncs, k.renames,
+		k.creates);
+	ck_assert_int_gt(k.writes, manual ? 1 : 4);
 	ck_assert_int_gt(k.syncs, 0);
 	ck_assert_int_gt(k.renames, 0);
 	return k;
 }
 
-static int n_before, n_after, n_after_reported;
-
-/* One fault case on the running root: prev is committed and latest. */
-static void fault_case(const char *dir, ckpt *c, uint64_t *prev, int m,
-		       long n, int err, const char *what)
+static struct counts measure(int cfg)
 {
-	char ctx[128];
-	snprintf(ctx, sizeof(ctx), "%s #%ld", what, n);
+	return measure_mode(cfg, 0);
+}
+
+/* Faults per stage in the current series. */
+static int n_stage[ST_COUNT];
+
+/* Content of the `latest` hint: "" if absent. */
+static void read_hint(const char *dir, char *out, size_t len)
+{
+	char *p = tu_path("%s/%s", dir, FMT_LATEST_NAME);
+	uint8_t *b = NULL;
+	size_t n = 0;
+	out[0] = 0;
+	if (tu_read_file(p, &b, &n) == 0)
+		snprintf(out, len, "%.*s", (int)n, (const char *)b);
+	free(b);
+	free(p);
+}
+
+/* The step directory of `step` holds neither COMMIT nor COMMIT.tmp. */
+static void check_no_commit(const char *dir, uint64_t step, const char *ctx)
+{
+	char *sd = tu_step_dir(dir, step);
+	char *p = tu_path("%s/%s", sd, FMT_COMMIT_NAME);
+	char *t = tu_path("%s/%s%s", sd, FMT_COMMIT_NAME, FMT_TMP_SUFFIX);
+	ck_assert_msg(!tu_exists(p), "%s: %s left behind", ctx, p);
+	ck_assert_msg(!tu_exists(t), "%s: %s left behind", ctx, t);
+	free(t);
+	free(p);
+	free(sd);
+}
+
+/*
+ * One fault case on the running root: prev is committed and latest. With
+ * `manual`, step prev+1 is saved first without faults and the fault hits
+ * its ckpt_commit; otherwise it hits save + automatic commit.
+ */
+static void fault_case_mode(const char *dir, ckpt *c, uint64_t *prev, int m,
+			    long n, int err, const char *what, int manual)
+{
+	char ctx[1024];
 	uint64_t step = *prev + 1;
+	int rc;
+	atomic_store(&cur_step, step);
+	if (manual) {
+		atomic_store(&mode, M_NONE);
+		rc = save_step(c, step);
+		ck_assert_msg(rc == 0, "%s #%ld: save before commit: %d %s",
+			      what, n, rc, ckpt_errmsg(c));
+		ck_assert(!listed(c, step));
+	}
+	/* a known message, so a stale one cannot pass for a new one */
+	ck_assert_int_eq(ckpt_list(c, NULL, NULL), -EINVAL);
+	char sentinel[ENG_ERRMSG_MAX];
+	snprintf(sentinel, sizeof(sentinel), "%s", ckpt_errmsg(c));
 	reset_counters();
 	atomic_store(&inject_err, err);
 	atomic_store(&target, n);
 	atomic_store(&mode, m);
-	int rc = save_step(c, step);
+	rc = manual ? ckpt_commit(c, step) : save_step(c, step);
 	atomic_store(&mode, M_NONE);
 	if (!atomic_load(&fired)) {
 		/* fewer operations this time (should not happen) */
-		ck_assert_msg(rc == 0, "%s: not fired but rc %d", ctx, rc);
+		ck_assert_msg(rc == 0, "%s #%ld: not fired but rc %d", what, n,
+			      rc);
 		*prev = step;
 		return;
 	}
-	int after = atomic_load(&fired_after_commit);
-	n_before += !after;
-	n_after += after;
-	n_after_reported += after && rc;
-	if (!after) {
-		ck_assert_msg(rc == err, "%s: save returned %d (%s), want %d: %s",
-			      ctx, rc, ckpt_strerror(rc), err, ckpt_errmsg(c));
-		ck_assert_msg(ckpt_errmsg(c)[0], "%s: no message", ctx);
-		ck_assert_msg(!listed(c, step), "%s: failed step listed", ctx);
+	int st = atomic_load(&fired_stage);
+	snprintf(ctx, sizeof(ctx), "%s #%ld (%s stage: %s)", what, n,
+		 stage_names[st], fired_what);
+	n_stage[st]++;
+	const char *msg = ckpt_errmsg(c);
+	if (getenv("CKPT_TEST_VERBOSE"))
+		fprintf(stderr, "%s: rc %d listed %d: %s\n", ctx, rc,
+			listed(c, step), msg);
+	ck_assert_msg(st != ST_UNKNOWN, "%s: cannot tell the stage; rc %d %s",
+		      ctx, rc, msg);
+	ck_assert_msg(root_tmp_files(dir) == 0, "%s: temp file in root", ctx);
+	if (st == ST_LATEST) {
+		/* COMMIT is durable: the commit succeeds, latest is a hint */
+		ck_assert_msg(rc == 0, "%s: returned %d (%s), want 0: %s", ctx,
+			      rc, ckpt_strerror(rc), msg);
+		ck_assert_msg(listed(c, step), "%s: committed step not listed",
+			      ctx);
 		uint64_t l;
 		ck_assert_int_eq(ckpt_latest(c, &l), 0);
-		ck_assert_msg(l == *prev, "%s: latest %llu", ctx,
+		ck_assert_msg(l == step, "%s: latest %llu", ctx,
 			      (unsigned long long)l);
 		ckpt_reader *r = NULL;
 		ck_assert_int_eq(ckpt_reader_open(&r, dir, CKPT_LATEST, NULL), 0);
-		ck_assert_uint_eq(ckpt_reader_step(r), *prev);
+		ck_assert_uint_eq(ckpt_reader_step(r), step);
 		ckpt_reader_close(r);
+		ck_assert_msg(strcmp(msg, sentinel) != 0 &&
+				      strstr(msg, ckpt_strerror(err)) &&
+				      (strstr(msg, FMT_LATEST_NAME) ||
+				       strstr(msg, "fsync directory")),
+			      "%s: commit ok but ckpt_errmsg is not about the "
+			      "failed latest update: \"%s\"",
+			      ctx, msg);
+		/* the hint names the old or the new step, nothing else */
+		char hint[64], a[32], b[32], ha[40], hb[40];
+		read_hint(dir, hint, sizeof(hint));
+		fmt_step_dirname(*prev, a);
+		fmt_step_dirname(step, b);
+		snprintf(ha, sizeof(ha), "%s\n", a);
+		snprintf(hb, sizeof(hb), "%s\n", b);
+		ck_assert_msg(!strcmp(hint, ha) || !strcmp(hint, hb),
+			      "%s: latest hint \"%s\"", ctx, hint);
+		check_step(dir, step, ctx);
 		check_step(dir, *prev, ctx);
-		ck_assert_msg(root_tmp_files(dir) == 0, "%s: temp file in root",
-			      ctx);
-		r = NULL;
-		ck_assert_int_eq(ckpt_reader_open(&r, dir, step, NULL),
-				 CKPT_E_NOTFOUND);
-	} else {
-		ck_assert_msg(rc == 0 || rc == err, "%s (after commit): rc %d",
-			      ctx, rc);
-		if (rc == 0)
-			ck_assert_msg(listed(c, step), "%s: ok but not listed",
-				      ctx);
-		if (getenv("CKPT_TEST_VERBOSE"))
-			fprintf(stderr, "%s: after commit: rc %d listed %d: %s\n",
-				ctx, rc, listed(c, step), rc ? ckpt_errmsg(c) : "");
-		if (listed(c, step)) {
-			check_step(dir, step, ctx);
-			uint64_t l;
-			ck_assert_int_eq(ckpt_latest(c, &l), 0);
-			ck_assert_uint_eq(l, step);
-			*prev = step;
-			return;
-		}
-		check_step(dir, *prev, ctx);
+		*prev = step;
+		return;
 	}
-	/* the fault is gone: the same handle saves the same step */
-	rc = save_step(c, step);
-	ck_assert_msg(rc == 0, "%s: save after the fault: %d %s", ctx, rc,
-		      ckpt_errmsg(c));
+	/* up to and including the COMMIT rename and its directory fsync:
+	 * the commit fails with the injected error, nothing is visible */
+	ck_assert_msg(rc == err, "%s: returned %d (%s), want %d: %s", ctx, rc,
+		      ckpt_strerror(rc), err, msg);
+	ck_assert_msg(msg[0] && strcmp(msg, sentinel) != 0,
+		      "%s: no message (\"%s\")", ctx, msg);
+	ck_assert_msg(strstr(msg, ckpt_strerror(err)),
+		      "%s: message does not name the error: %s", ctx, msg);
+	ck_assert_msg(!listed(c, step), "%s: failed step listed", ctx);
+	check_no_commit(dir, step, ctx);
+	uint64_t l;
+	ck_assert_int_eq(ckpt_latest(c, &l), 0);
+	ck_assert_msg(l == *prev, "%s: latest %llu", ctx,
+		      (unsigned long long)l);
+	ckpt_reader *r = NULL;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, CKPT_LATEST, NULL), 0);
+	ck_assert_uint_eq(ckpt_reader_step(r), *prev);
+	ckpt_reader_close(r);
+	check_step(dir, *prev, ctx);
+	r = NULL;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, step, NULL),
+			 CKPT_E_NOTFOUND);
+	/* the fault is gone: the same handle saves (commits) the same step */
+	rc = manual ? ckpt_commit(c, step) : save_step(c, step);
+	ck_assert_msg(rc == 0, "%s: %s after the fault: %d %s", ctx,
+		      manual ? "commit" : "save", rc, ckpt_errmsg(c));
 	ck_assert(listed(c, step));
 	check_step(dir, step, ctx);
 	check_step(dir, *prev, ctx);
 	*prev = step;
 }
 
+static void fault_case(const char *dir, ckpt *c, uint64_t *prev, int m,
+		       long n, int err, const char *what)
+{
+	fault_case_mode(dir, c, prev, m, n, err, what, 0);
+}
+
+static void run_series_mode(int cfg, int m, long total, int err,
+			    const char *what, int manual)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_cfg(dir, cfg, manual);
+	eng_io_set(&hooks);
+	atomic_store(&mode, M_NONE);
+	atomic_store(&cur_step, 1);
+	ck_assert_int_eq(save_step(c, 1), 0);
+	if (manual)
+		ck_assert_int_eq(ckpt_commit(c, 1), 0);
+	uint64_t prev = 1;
+	char label[96];
+	snprintf(label, sizeof(label), "%s %s%s", cfg_names[cfg], what,
+		 manual ? " (ckpt_commit)" : "");
+	memset(n_stage, 0, sizeof(n_stage));
+	for (long n = 1; n <= total; n++)
+		fault_case_mode(dir, c, &prev, m, n, err, label, manual);
+	fprintf(stderr, "%s: faults by stage: %d data, %d commit, %d commit "
+			"dirsync, %d latest\n", label, n_stage[ST_DATA],
+		n_stage[ST_COMMIT], n_stage[ST_COMMIT_DIRSYNC],
+		n_stage[ST_LATEST]);
+	/* every series reaches COMMIT and latest */
+	if (!manual)
+		ck_assert_int_gt(n_stage[ST_DATA], 0);
+	ck_assert_int_gt(n_stage[ST_COMMIT], 0);
+	ck_assert_int_gt(n_stage[ST_LATEST], 0);
+	if (m == M_FSYNC_ERR)
+		ck_assert_int_gt(n_stage[ST_COMMIT_DIRSYNC], 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	eng_io_set(NULL);
+}
+
 static void run_fault_series(int cfg, int m, long total, int err,
 			     const char *what)
 {
-	const char *dir = tu_tmpdir();
-	ckpt *c = open_cfg(dir, cfg);
-	eng_io_set(&hooks);
-	atomic_store(&mode, M_NONE);
-	ck_assert_int_eq(save_step(c, 1), 0);
-	uint64_t prev = 1;
-	char label[96];
-	snprintf(label, sizeof(label), "%s %s", cfg_names[cfg], what);
-	n_before = n_after = n_after_reported = 0;
-	for (long n = 1; n <= total; n++)
-		fault_case(dir, c, &prev, m, n, err, label);
-	fprintf(stderr, "%s: %d faults before the commit record, %d after "
-			"(%d of them reported)\n", label, n_before, n_after,
-		n_after_reported);
-	ck_assert_int_gt(n_before, 0);
-	ck_assert_int_eq(ckpt_close(c), 0);
-	eng_io_set(NULL);
+	run_series_mode(cfg, m, total, err, what, 0);
 }
 
 START_TEST(test_enospc_nth_write)
@@ -367,8 +582,9 @@ START_TEST(test_eio_nth_write)
 	struct counts k = measure(_i);
 	/* fewer cases: every third write */
 	const char *dir = tu_tmpdir();
-	ckpt *c = open_cfg(dir, _i);
+	ckpt *c = open_cfg(dir, _i, 0);
 	eng_io_set(&hooks);
+	atomic_store(&cur_step, 1);
 	ck_assert_int_eq(save_step(c, 1), 0);
 	uint64_t prev = 1;
 	for (long n = 1; n <= k.writes; n += 3)
@@ -400,10 +616,22 @@ START_TEST(test_enospc_nth_create)
 }
 END_TEST
 
+/* The same faults in ckpt_commit of a step saved with manual commit. */
+START_TEST(test_commit_faults)
+{
+	struct counts k = measure_mode(_i, 1);
+	run_series_mode(_i, M_WRITE_ERR, k.writes, -ENOSPC, "ENOSPC write", 1);
+	run_series_mode(_i, M_FSYNC_ERR, k.syncs, -EIO, "EIO fsync", 1);
+	run_series_mode(_i, M_RENAME_ERR, k.renames, -EIO, "EIO rename", 1);
+	run_series_mode(_i, M_OPEN_ERR, k.creates, -ENOSPC, "ENOSPC create",
+			1);
+}
+END_TEST
+
 START_TEST(test_short_writes)
 {
 	const char *dir = tu_tmpdir();
-	ckpt *c = open_cfg(dir, _i);
+	ckpt *c = open_cfg(dir, _i, 0);
 	eng_io_set(&hooks);
 	reset_counters();
 	atomic_store(&mode, M_SHORT_WRITE);
@@ -425,7 +653,7 @@ END_TEST
 START_TEST(test_read_faults)
 {
 	const char *dir = tu_tmpdir();
-	ckpt *c = open_cfg(dir, _i);
+	ckpt *c = open_cfg(dir, _i, 0);
 	ck_assert_int_eq(save_step(c, 1), 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	ckpt_settings rs;
@@ -484,6 +712,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_eio_nth_fsync, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_rename, 0, 4);
 	tcase_add_loop_test(tc, test_enospc_nth_create, 0, 4);
+	tcase_add_loop_test(tc, test_commit_faults, 0, 4);
 	tcase_add_loop_test(tc, test_short_writes, 0, 4);
 	tcase_add_loop_test(tc, test_read_faults, 0, 4);
 	suite_add_tcase(s, tc);
