@@ -209,7 +209,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s);
  */
 CKPT_API int ckpt_close(ckpt *c);
 
-/* Last error message of this handle; calling thread's with NULL. */
+/* Last error message of this handle (a copy, valid until the calling
+ * thread's next ckpt_errmsg() call); the calling thread's last message
+ * with NULL. */
 CKPT_API const char *ckpt_errmsg(const ckpt *c);
 
 /* One tensor (or this host's slice of a global array) to save. */

@@ -69,7 +69,18 @@ CKPT_API void ckpt_settings_default(ckpt_settings *s)
 
 CKPT_API const char *ckpt_errmsg(const ckpt *c)
 {
-	return c ? c->errmsg : eng_tls_errmsg();
+	/* Background threads may write the handle's message at any time:
+	 * hand out a copy taken under the lock, never the live buffer. */
+	static _Thread_local char copy[ENG_ERRMSG_MAX];
+	struct ckpt *m = (struct ckpt *)c;
+
+	if (!c)
+		return eng_tls_errmsg();
+	pthread_mutex_lock(&m->mu);
+	memcpy(copy, c->errmsg, strnlen(c->errmsg, ENG_ERRMSG_MAX - 1));
+	copy[strnlen(c->errmsg, ENG_ERRMSG_MAX - 1)] = 0;
+	pthread_mutex_unlock(&m->mu);
+	return copy;
 }
 
 /* Sets the handle's message under its mutex (several threads may fail). */
