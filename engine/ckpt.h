@@ -327,14 +327,38 @@ typedef struct ckpt_gc_report {
 } ckpt_gc_report;
 
 /*
+ * Called by ckpt_gc once for every step directory it removes (with
+ * CKPT_GC_DRY_RUN: would remove). committed is 1 for a committed step
+ * removed by the retention policy, 0 for an uncommitted directory
+ * (debris); bytes is the size of its files (what bytes_freed counts for
+ * it).
+ */
+typedef void (*ckpt_gc_fn)(void *arg, uint64_t step, int committed,
+			   uint64_t bytes);
+
+/*
  * Removes committed steps outside the retention policy (keep the newest
  * keep_last, 0 = all, and every step divisible by keep_every, 0 = none;
  * the newest committed step always stays) and uncommitted debris older
- * than the newest committed step. Never touches a step being saved through
- * this handle. `report` may be NULL.
+ * than the newest committed step, and stray temporary files in the root.
+ * Never touches a step being saved through this handle. `report` may be
+ * NULL.
+ *
+ * `fn` (may be NULL) is called synchronously, on the caller's thread,
+ * before ckpt_gc returns, once per removed step directory, in ascending
+ * step order, right after that directory is gone (dry run: instead of
+ * removing it). Stray temporary files in the root are not reported
+ * through `fn`, only counted in `report`. `arg` is passed through
+ * untouched and stays owned by the caller; the library keeps neither
+ * `fn` nor `arg` after ckpt_gc returns. No library lock is held during
+ * the call, but `fn` must not call ckpt_gc on the same root. If ckpt_gc
+ * fails part way, the calls already made name the step directories fully
+ * removed before the failure (the one that failed is not reported;
+ * `report` still counts what was freed).
  */
 CKPT_API int ckpt_gc(ckpt *c, uint32_t keep_last, uint32_t keep_every,
-		     unsigned flags, ckpt_gc_report *report);
+		     unsigned flags, ckpt_gc_fn fn, void *arg,
+		     ckpt_gc_report *report);
 
 /* Frees memory returned by the library (ckpt_list, ckpt_read_alloc). */
 CKPT_API void ckpt_free(void *p);

@@ -469,10 +469,12 @@ static int remove_root_tmp(const char *root, int dry, ckpt_gc_report *rep,
 
 int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 	       unsigned flags, int debris, uint64_t skip_step,
-	       ckpt_gc_report *report, char *errbuf)
+	       ckpt_gc_fn fn, void *arg, ckpt_gc_report *report,
+	       char *errbuf)
 {
 	ckpt_gc_report rep;
 	eng_step_ent *v = NULL;
+	unsigned char *drop = NULL;
 	size_t n = 0, i, rank = 0;
 	int dry = (flags & CKPT_GC_DRY_RUN) != 0, have_newest = 0, r;
 	uint64_t newest = 0;
@@ -481,12 +483,19 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 	r = eng_scan_steps(root, &v, &n, errbuf);
 	if (r < 0)
 		goto out;
+	drop = calloc(n ? n : 1, 1);
+	if (!drop) {
+		r = eng_err(errbuf, -ENOMEM, "out of memory");
+		goto out;
+	}
 	for (i = 0; i < n; i++)
 		if (v[i].committed) {
 			newest = v[i].step;
 			have_newest = 1;
 		}
-	/* committed steps, newest first; rank 0 is the newest */
+	/* Decide first (committed steps, newest first; rank 0 is the
+	 * newest), then remove in ascending step order, so that fn sees the
+	 * steps in order. */
 	for (i = n; i-- > 0;) {
 		int keep;
 
@@ -495,24 +504,29 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		keep = rank == 0 || keep_last == 0 || rank < keep_last ||
 		       (keep_every && v[i].step % keep_every == 0);
 		rank++;
-		if (keep || v[i].step == skip_step)
+		if (!keep && v[i].step != skip_step)
+			drop[i] = 1;
+	}
+	if (debris && have_newest)
+		for (i = 0; i < n; i++)
+			if (!v[i].committed && v[i].step < newest &&
+			    v[i].step != skip_step)
+				drop[i] = 1;
+	for (i = 0; i < n; i++) {
+		uint64_t bytes = 0;
+
+		if (!drop[i])
 			continue;
-		r = remove_step(root, v[i].step, dry, &rep.bytes_freed, errbuf);
+		r = remove_step(root, v[i].step, dry, &bytes, errbuf);
+		rep.bytes_freed += bytes; /* partial on failure */
 		if (r < 0)
 			goto out;
-		rep.steps_removed++;
-	}
-	if (debris && have_newest) {
-		for (i = 0; i < n; i++) {
-			if (v[i].committed || v[i].step >= newest ||
-			    v[i].step == skip_step)
-				continue;
-			r = remove_step(root, v[i].step, dry, &rep.bytes_freed,
-					errbuf);
-			if (r < 0)
-				goto out;
+		if (v[i].committed)
+			rep.steps_removed++;
+		else
 			rep.debris_removed++;
-		}
+		if (fn)
+			fn(arg, v[i].step, v[i].committed, bytes);
 	}
 	if (debris) {
 		int lockfd = root_lock(root);
@@ -523,6 +537,7 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 			goto out;
 	}
 out:
+	free(drop);
 	free(v);
 	if (report)
 		*report = rep;
@@ -567,7 +582,7 @@ CKPT_API int ckpt_commit(ckpt *c, uint64_t step)
 	 * durable commit; their message is kept for ckpt_errmsg(). */
 	if (c->s.keep_last || c->s.keep_every)
 		eng_gc_run(c->root, c->s.keep_last, c->s.keep_every, 0, 0,
-			   busy_step(c), NULL, err);
+			   busy_step(c), NULL, NULL, NULL, err);
 	if (err[0])
 		(void)fail(c, 0, err);
 	return 0;
@@ -640,7 +655,8 @@ CKPT_API int ckpt_latest(ckpt *c, uint64_t *step)
 }
 
 CKPT_API int ckpt_gc(ckpt *c, uint32_t keep_last, uint32_t keep_every,
-		     unsigned flags, ckpt_gc_report *report)
+		     unsigned flags, ckpt_gc_fn fn, void *arg,
+		     ckpt_gc_report *report)
 {
 	char err[ENG_ERRMSG_MAX];
 	int r;
@@ -653,7 +669,7 @@ CKPT_API int ckpt_gc(ckpt *c, uint32_t keep_last, uint32_t keep_every,
 		return fail(c, -EINVAL, "ckpt_gc: unknown flags");
 	err[0] = 0;
 	r = eng_gc_run(c->root, keep_last, keep_every, flags, 1, busy_step(c),
-		       report, err);
+		       fn, arg, report, err);
 	if (r < 0)
 		return fail(c, r, err);
 	return 0;

@@ -217,9 +217,11 @@ int eng_local_sink_new(struct ckpt *c, eng_sink **out);
 int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		    char *errbuf);
 /* Retention + optional debris removal; skip_step is never touched
- * (UINT64_MAX: none). */
+ * (UINT64_MAX: none). fn (may be NULL) is told of every step directory
+ * removed (see ckpt_gc_fn). */
 int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 	       unsigned flags, int debris, uint64_t skip_step,
-	       ckpt_gc_report *report, char *errbuf);
+	       ckpt_gc_fn fn, void *arg, ckpt_gc_report *report,
+	       char *errbuf);
 
 #endif /* CKPT_ENGINE_SAVE_INTERNAL_H */

@@ -641,7 +641,7 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		 * durable commit; their message is kept for ckpt_errmsg(). */
 		if (c->s.keep_last || c->s.keep_every)
 			eng_gc_run(c->root, c->s.keep_last, c->s.keep_every, 0,
-				   0, UINT64_MAX, NULL, err);
+				   0, UINT64_MAX, NULL, NULL, NULL, err);
 		if (err[0]) {
 			pthread_mutex_lock(&c->mu);
 			eng_err(c->errmsg, 0, "%s", err);

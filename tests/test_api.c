@@ -93,7 +93,7 @@ START_TEST(test_null_args)
 	ckpt_step_info *li;
 	size_t n;
 	ck_assert_int_eq(ckpt_list(NULL, &li, &n), -EINVAL);
-	ck_assert_int_eq(ckpt_gc(NULL, 0, 0, 0, NULL), -EINVAL);
+	ck_assert_int_eq(ckpt_gc(NULL, 0, 0, 0, NULL, NULL, NULL), -EINVAL);
 
 	c = open_root(dir);
 	ck_assert_int_eq(ckpt_save(c, 1, NULL, 1), -EINVAL);
@@ -343,7 +343,7 @@ START_TEST(test_staging_zero)
 	ckpt_free(li);
 	uint64_t st;
 	ck_assert_int_eq(ckpt_latest(c, &st), CKPT_E_NOTFOUND);
-	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, NULL), 0);
+	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, NULL, NULL, NULL), 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 }
 END_TEST
@@ -765,7 +765,7 @@ START_TEST(test_gc_spares_inflight)
 	eng_io_set(&hook_io);
 	ck_assert_int_eq(tu_save_async(c, 3, &set), 0);
 	ckpt_gc_report rep;
-	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, NULL, NULL, &rep), 0);
 	char *sd = tu_path("%s/step-%020d", dir, 3);
 	ck_assert_msg(tu_exists(sd), "gc removed the step being saved");
 	gate_release();

@@ -817,6 +817,12 @@ class TestGcAndLocations(CkptctlTest):
         for s in range(1, 7):
             self.assertEqual(run("import", small, "%s@%d" % (root, s)).returncode, 0)
 
+        # uncommitted debris older than the newest step: gc removes it
+        debris = os.path.join(root, "step-%020d" % 0)
+        os.mkdir(debris)
+        with open(os.path.join(debris, "h00000-f000.shard.tmp"), "wb") as f:
+            f.write(b"debris")
+
         def steps():
             return [s["step"] for s in run_json("ls", "--json", root)[1]["steps"]]
 
@@ -825,22 +831,43 @@ class TestGcAndLocations(CkptctlTest):
         self.assertEqual(p.returncode, 0, p.err)
         self.assertTrue(js["dry_run"])
         self.assertEqual(js["removed_steps"], [1, 2, 4])
+        self.assertEqual(js["removed_debris_steps"], [0])
+        self.assertEqual(js["kept_steps"], [3, 5, 6])
         self.assertEqual(js["steps_removed"], 3)
+        self.assertEqual(js["debris_removed"], 1)
+        self.assertEqual(steps(), [1, 2, 3, 4, 5, 6])
+        self.assertTrue(os.path.isdir(debris))
+
+        p = run("gc", "--dry-run", root, "--keep", "2", "--keep-every", "3")
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(
+            [l for l in p.out.splitlines() if l.startswith("would remove step ")],
+            ["would remove step 1", "would remove step 2",
+             "would remove step 4"])
+        self.assertIn("would remove uncommitted step 0\n", p.out)
+        self.assertIn("dry run: would remove 3 steps, 1 debris item,", p.out)
         self.assertEqual(steps(), [1, 2, 3, 4, 5, 6])
 
         p = run("gc", root, "--keep", "2", "--keep-every", "3")
         self.assertEqual(p.returncode, 0, p.err)
-        for s in (1, 2, 4):
-            self.assertIn("removed step %d\n" % s, p.out)
+        self.assertEqual(
+            [l for l in p.out.splitlines() if l.startswith("removed step ")],
+            ["removed step 1", "removed step 2", "removed step 4"])
+        self.assertIn("removed uncommitted step 0\n", p.out)
+        self.assertIn("removed 3 steps, 1 debris item,", p.out)
         self.assertEqual(steps(), [3, 5, 6])
+        self.assertFalse(os.path.exists(debris))
 
         p, js = run_json("gc", "--json", root, "--keep", "1")
         self.assertEqual(p.returncode, 0, p.err)
+        self.assertFalse(js["dry_run"])
         self.assertEqual(js["removed_steps"], [3, 5])
+        self.assertEqual(js["removed_debris_steps"], [])
         self.assertEqual(js["kept_steps"], [6])
         self.assertEqual(steps(), [6])
         p, js = run_json("gc", "--json", root, "--keep", "0")
         self.assertEqual(js["removed_steps"], [])
+        self.assertEqual(js["kept_steps"], [6])
         self.assertEqual(run("verify", root).returncode, 0)
         p = run("gc", os.path.join(TMP, "gc-missing"), "--keep", "1")
         self.assertFails(p, "gc", "gc-missing")

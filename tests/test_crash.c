@@ -142,7 +142,7 @@ static uint64_t check_after_crash(const char *root, const struct base *b,
 
 	/* gc: debris below the newest committed step goes away */
 	ckpt_gc_report rep;
-	rc = ckpt_gc(c, 0, 0, 0, &rep);
+	rc = ckpt_gc(c, 0, 0, 0, NULL, NULL, &rep);
 	ck_assert_msg(rc == 0, "%s: gc: %d %s", ctx, rc, ckpt_errmsg(c));
 	ck_assert_int_eq(ckpt_close(c), 0);
 	DIR *d = opendir(root);

@@ -784,21 +784,21 @@ START_TEST(test_retention)
 	/* dry run reports, removes nothing */
 	ckpt_gc_report rep;
 	memset(&rep, 0xff, sizeof(rep));
-	ck_assert_int_eq(ckpt_gc(c, 1, 0, CKPT_GC_DRY_RUN, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 1, 0, CKPT_GC_DRY_RUN, NULL, NULL, &rep), 0);
 	ck_assert_uint_eq(rep.steps_removed, 3);
 	ck_assert_uint_gt(rep.bytes_freed, 0);
 	expect_steps(c, want1, 4);
 	/* keep_last 0 = keep all */
-	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, NULL, NULL, &rep), 0);
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	expect_steps(c, want1, 4);
-	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, NULL, NULL, &rep), 0);
 	ck_assert_uint_eq(rep.steps_removed, 3);
 	ck_assert_uint_gt(rep.bytes_freed, 0);
 	static const uint64_t want2[] = {12};
 	expect_steps(c, want2, 1);
 	/* the newest committed step always stays */
-	ck_assert_int_eq(ckpt_gc(c, 1, 7, 0, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 1, 7, 0, NULL, NULL, &rep), 0);
 	expect_steps(c, want2, 1);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	tu_set set;
@@ -843,11 +843,11 @@ START_TEST(test_gc_debris)
 	expect_steps(c, want, 2);
 
 	ckpt_gc_report rep;
-	ck_assert_int_eq(ckpt_gc(c, 0, 0, CKPT_GC_DRY_RUN, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 0, 0, CKPT_GC_DRY_RUN, NULL, NULL, &rep), 0);
 	ck_assert_uint_ge(rep.debris_removed, 3);
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	ck_assert(tu_exists(sd7));
-	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, &rep), 0);
+	ck_assert_int_eq(ckpt_gc(c, 0, 0, 0, NULL, NULL, &rep), 0);
 	ck_assert_uint_ge(rep.debris_removed, 3);
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	ck_assert_uint_gt(rep.bytes_freed, 0);
@@ -868,6 +868,130 @@ START_TEST(test_gc_debris)
 	free(sd7);
 	tu_set_free(&s5);
 	tu_set_free(&s10);
+}
+END_TEST
+
+/* What a ckpt_gc callback was told, in call order. */
+struct gc_rec {
+	size_t n;
+	uint64_t step[16], bytes[16], sum;
+	int committed[16];
+};
+
+static void gc_rec_fn(void *arg, uint64_t step, int committed,
+		      uint64_t bytes)
+{
+	struct gc_rec *r = arg;
+	ck_assert_uint_lt(r->n, 16);
+	r->step[r->n] = step;
+	r->committed[r->n] = committed;
+	r->bytes[r->n] = bytes;
+	r->sum += bytes;
+	r->n++;
+}
+
+static void expect_gc_rec(const struct gc_rec *r, const uint64_t *step,
+			  const int *committed, size_t n)
+{
+	char buf[512] = "";
+	for (size_t i = 0; i < r->n; i++)
+		snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf),
+			 " %llu%s", (unsigned long long)r->step[i],
+			 r->committed[i] ? "" : "(debris)");
+	ck_assert_msg(r->n == n, "reported:%s", buf);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_msg(r->step[i] == step[i] &&
+				      r->committed[i] == committed[i],
+			      "reported:%s", buf);
+		if (committed[i])
+			ck_assert_msg(r->bytes[i] > 0, "step %llu: 0 bytes",
+				      (unsigned long long)step[i]);
+	}
+}
+
+/* The ckpt_gc callback names exactly the step directories removed
+ * (committed by retention, uncommitted debris), in ascending order, for a
+ * dry run (which removes nothing) and a real run; root temp files are only
+ * counted. */
+START_TEST(test_gc_callback)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_default(dir);
+	for (uint64_t st = 2; st <= 8; st += 2) {
+		tu_set set;
+		step_set(&set, st);
+		save_ok(c, st, &set);
+		tu_set_free(&set);
+	}
+	make_debris(dir, 3, NULL);
+	make_debris(dir, 5, "h00000-f000.shard.tmp");
+	make_debris(dir, 9, "h00001-f000.shard"); /* newer: stays */
+	char *tmp = tu_path("%s/latest.1234.tmp", dir);
+	ck_assert_int_eq(tu_write_file(tmp, "tmp!", 4), 0);
+	static const uint64_t all[] = {2, 4, 6, 8};
+	expect_steps(c, all, 4);
+
+	static const uint64_t want[] = {2, 3, 4, 5};
+	static const int want_c[] = {1, 0, 1, 0};
+	struct gc_rec dry, real, again;
+	ckpt_gc_report rep;
+	memset(&dry, 0, sizeof(dry));
+	memset(&real, 0, sizeof(real));
+	memset(&again, 0, sizeof(again));
+
+	ck_assert_int_eq(ckpt_gc(c, 2, 0, CKPT_GC_DRY_RUN, gc_rec_fn, &dry,
+				 &rep),
+			 0);
+	expect_gc_rec(&dry, want, want_c, 4);
+	ck_assert_uint_eq(dry.bytes[1], 0); /* empty debris directory */
+	ck_assert_uint_eq(dry.bytes[3], 6); /* "debris" */
+	ck_assert_uint_eq(rep.steps_removed, 2);
+	ck_assert_uint_eq(rep.debris_removed, 3); /* 2 dirs + the tmp file */
+	ck_assert_uint_eq(rep.bytes_freed, dry.sum + 4);
+	/* the dry run removed nothing */
+	expect_steps(c, all, 4);
+	for (uint64_t st = 2; st <= 9; st++) {
+		char *sd = tu_step_dir(dir, st);
+		ck_assert_msg(tu_exists(sd) == (st != 7), "dry run: step %llu",
+			      (unsigned long long)st);
+		free(sd);
+	}
+	ck_assert(tu_exists(tmp));
+
+	ck_assert_int_eq(ckpt_gc(c, 2, 0, 0, gc_rec_fn, &real, &rep), 0);
+	expect_gc_rec(&real, want, want_c, 4);
+	for (size_t i = 0; i < real.n; i++)
+		ck_assert_msg(real.bytes[i] == dry.bytes[i],
+			      "step %llu: %llu bytes removed, dry run said %llu",
+			      (unsigned long long)real.step[i],
+			      (unsigned long long)real.bytes[i],
+			      (unsigned long long)dry.bytes[i]);
+	ck_assert_uint_eq(rep.steps_removed, 2);
+	ck_assert_uint_eq(rep.debris_removed, 3);
+	ck_assert_uint_eq(rep.bytes_freed, real.sum + 4);
+	static const uint64_t left[] = {6, 8};
+	expect_steps(c, left, 2);
+	for (uint64_t st = 2; st <= 9; st++) {
+		char *sd = tu_step_dir(dir, st);
+		int kept = st == 6 || st == 8 || st == 9;
+		ck_assert_msg(tu_exists(sd) == kept, "step %llu dir %s",
+			      (unsigned long long)st, kept ? "gone" : "left");
+		free(sd);
+	}
+	ck_assert(!tu_exists(tmp));
+
+	/* nothing left to remove: no calls */
+	ck_assert_int_eq(ckpt_gc(c, 2, 0, 0, gc_rec_fn, &again, &rep), 0);
+	ck_assert_uint_eq(again.n, 0);
+	ck_assert_uint_eq(rep.steps_removed + rep.debris_removed, 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	for (uint64_t st = 6; st <= 8; st += 2) {
+		tu_set set;
+		step_set(&set, st);
+		CHECK_ROOT(dir, st, &set);
+		tu_set_free(&set);
+	}
+	free(tmp);
 }
 END_TEST
 
@@ -1207,6 +1331,7 @@ int main(void)
 	tcase_add_test(tc, test_steps_list_latest);
 	tcase_add_test(tc, test_retention);
 	tcase_add_test(tc, test_gc_debris);
+	tcase_add_test(tc, test_gc_callback);
 	tcase_add_test(tc, test_verify_copy);
 	tcase_add_loop_test(tc, test_io_paths, 0, 4);
 	tcase_add_test(tc, test_concurrent_handles);

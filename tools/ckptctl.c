@@ -1865,15 +1865,26 @@ out:
 /* gc                                                                 */
 /* ------------------------------------------------------------------ */
 
-/* The policy ckpt_gc applies, for naming steps a dry run would remove. */
-static int gc_keeps(const ckpt_step_info *steps, size_t n, size_t i,
-		    uint32_t keep, uint32_t every)
+/* What ckpt_gc reports step by step: printed as it comes, or collected
+ * for --json. */
+typedef struct gc_out {
+	int json, dry;
+	json_t *removed; /* committed steps removed by retention */
+	json_t *debris;  /* uncommitted step directories removed */
+} gc_out;
+
+static void gc_step(void *arg, uint64_t step, int committed, uint64_t bytes)
 {
-	if (i + 1 == n)
-		return 1;
-	if (keep == 0 || n - i <= keep)
-		return 1;
-	return every && steps[i].step % every == 0;
+	gc_out *o = arg;
+
+	(void)bytes;
+	if (o->json) {
+		jappend(committed ? o->removed : o->debris, ju64(step));
+		return;
+	}
+	printf("%s %sstep %" PRIu64 "\n", o->dry ? "would remove" : "removed",
+	       committed ? "" : "uncommitted ", step);
+	fflush(stdout);
 }
 
 static int cmd_gc(int argc, char **argv)
@@ -1890,10 +1901,10 @@ static int cmd_gc(int argc, char **argv)
 	uint64_t keep = 0, every = 0;
 	location loc = { 0 };
 	ckpt *h = NULL;
-	ckpt_step_info *before = NULL, *after = NULL;
-	size_t nb = 0, na = 0;
+	ckpt_step_info *before = NULL;
+	size_t nb = 0;
 	ckpt_gc_report rep;
-	json_t *removed = NULL;
+	gc_out go = { 0 };
 
 	while ((c = getopt_long(argc, argv, ":k:e:njh", opts, NULL)) != -1) {
 		switch (c) {
@@ -1929,51 +1940,45 @@ static int cmd_gc(int argc, char **argv)
 		return rc;
 	if (open_root(&loc, &h))
 		goto out;
-	rc = ckpt_list(h, &before, &nb);
-	if (rc) {
-		errmsg("%s", lib_msg(ckpt_errmsg(h), rc));
-		goto out;
-	}
-	memset(&rep, 0, sizeof(rep));
-	rc = ckpt_gc(h, (uint32_t)keep, (uint32_t)every,
-		     dry ? CKPT_GC_DRY_RUN : 0, &rep);
-	if (rc) {
-		errmsg("%s", lib_msg(ckpt_errmsg(h), rc));
-		goto out;
-	}
-	removed = jcheck(json_array());
-	if (dry) {
-		for (size_t i = 0; i < nb; i++)
-			if (!gc_keeps(before, nb, i, (uint32_t)keep,
-				      (uint32_t)every))
-				jappend(removed, ju64(before[i].step));
-	} else {
-		rc = ckpt_list(h, &after, &na);
+	go.json = json;
+	go.dry = dry;
+	if (json) {
+		/* only to name the kept steps */
+		rc = ckpt_list(h, &before, &nb);
 		if (rc) {
 			errmsg("%s", lib_msg(ckpt_errmsg(h), rc));
 			goto out;
 		}
-		for (size_t i = 0, j = 0; i < nb; i++) {
-			while (j < na && after[j].step < before[i].step)
-				j++;
-			if (j >= na || after[j].step != before[i].step)
-				jappend(removed, ju64(before[i].step));
-		}
+		go.removed = jcheck(json_array());
+		go.debris = jcheck(json_array());
+	}
+	memset(&rep, 0, sizeof(rep));
+	rc = ckpt_gc(h, (uint32_t)keep, (uint32_t)every,
+		     dry ? CKPT_GC_DRY_RUN : 0, gc_step, &go, &rep);
+	if (rc) {
+		errmsg("%s", lib_msg(ckpt_errmsg(h), rc));
+		goto out;
 	}
 	if (json) {
 		json_t *o = jcheck(json_object()), *kept = jcheck(json_array());
-		jset(o, "dry_run", json_boolean(dry));
-		jset(o, "removed_steps", json_incref(removed));
+
 		for (size_t i = 0; i < nb; i++) {
+			json_t *sv = ju64(before[i].step);
 			int gone = 0;
-			for (size_t k = 0; k < json_array_size(removed); k++)
-				if (json_integer_value(
-					    json_array_get(removed, k)) ==
-				    (json_int_t)before[i].step)
+
+			for (size_t k = 0; k < json_array_size(go.removed);
+			     k++)
+				if (json_equal(sv, json_array_get(go.removed,
+								  k)))
 					gone = 1;
-			if (!gone)
-				jappend(kept, ju64(before[i].step));
+			if (gone)
+				json_decref(sv);
+			else
+				jappend(kept, sv);
 		}
+		jset(o, "dry_run", json_boolean(dry));
+		jset(o, "removed_steps", json_incref(go.removed));
+		jset(o, "removed_debris_steps", json_incref(go.debris));
 		jset(o, "kept_steps", kept);
 		jset(o, "steps_removed", ju64(rep.steps_removed));
 		jset(o, "debris_removed", ju64(rep.debris_removed));
@@ -1981,10 +1986,6 @@ static int cmd_gc(int argc, char **argv)
 		jprint(o);
 	} else {
 		char a[32];
-		for (size_t k = 0; k < json_array_size(removed); k++)
-			printf("%s step %" JSON_INTEGER_FORMAT "\n",
-			       dry ? "would remove" : "removed",
-			       json_integer_value(json_array_get(removed, k)));
 		printf("%s%" PRIu64 " step%s, %" PRIu64
 		       " debris item%s, %s %s\n",
 		       dry ? "dry run: would remove " : "removed ",
@@ -1995,9 +1996,9 @@ static int cmd_gc(int argc, char **argv)
 	}
 	ret = 0;
 out:
-	json_decref(removed);
+	json_decref(go.removed);
+	json_decref(go.debris);
 	ckpt_free(before);
-	ckpt_free(after);
 	ckpt_close(h);
 	location_free(&loc);
 	return ret;
