@@ -8,16 +8,20 @@
  *        is rotated left by one bit (the sign goes to bit 0, so the most
  *        significant byte holds the high exponent bits), then split into w
  *        byte planes, most significant byte first. The exponent plane of
- *        trained weights compresses well; the mantissa planes are close to
- *        random, so each plane is first sampled and stored raw when zstd
- *        would not gain, which keeps the codec fast. Layout:
+ *        trained weights is a few skewed byte values: a static Huffman
+ *        code (fmt_huf.c) stores it as small as zstd, several times
+ *        faster. The mantissa planes are close to random, so each plane is
+ *        first sampled and stored raw when nothing would gain, and zstd is
+ *        kept for planes where it clearly wins (runs, repeats). Layout:
  *            u8 w, u8 nplanes (= w),
- *            nplanes x { u8 mode (0 raw, 1 zstd), u32 stored_len },
+ *            nplanes x { u8 mode (0 raw, 1 zstd, 2 huffman),
+ *                        u32 stored_len },
  *            the plane payloads in order, then raw_len % w tail bytes.
  *
  * Decoding trusts nothing: every length is checked against the payload
- * size and the expected raw size before it is used, and every zstd frame
- * must be a single frame of exactly the expected content size.
+ * size and the expected raw size before it is used, every zstd frame
+ * must be a single frame of exactly the expected content size, and every
+ * Huffman plane must decode to exactly its size (fmt_huf_decode).
  *
  * The byte-plane transforms are the hot loops (they run over every byte
  * written and read); w = 2 and w = 4 have SSE2 versions on x86-64 and
@@ -38,8 +42,9 @@
 #endif
 
 #include "fmt.h"
+#include "fmt_huf.h"
 
-#define SAMPLE_BYTES (64u * 1024u)
+#define SAMPLE_BYTES (16u * 1024u)
 /* A plane is compressed only if the sample shrinks below this fraction
  * (SAMPLE_NUM / SAMPLE_DEN) of its size. */
 #define SAMPLE_NUM 97u
@@ -53,6 +58,7 @@ struct fmt_codec_ctx {
 	size_t scratch_cap;
 	uint8_t *sample;        /* ZSTD_compressBound(SAMPLE_BYTES) */
 	size_t sample_cap;
+	uint32_t *huf_pairs;    /* FMT_HUF_PAIRS, Huffman encoder scratch */
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -80,7 +86,8 @@ fmt_codec_ctx *fmt_codec_ctx_new(void)
 	c->dctx = ZSTD_createDCtx();
 	c->sample_cap = ZSTD_compressBound(SAMPLE_BYTES);
 	c->sample = malloc(c->sample_cap);
-	if (!c->cctx || !c->dctx || !c->sample) {
+	c->huf_pairs = malloc(FMT_HUF_PAIRS * sizeof(uint32_t));
+	if (!c->cctx || !c->dctx || !c->sample || !c->huf_pairs) {
 		fmt_codec_ctx_free(c);
 		return NULL;
 	}
@@ -95,6 +102,7 @@ void fmt_codec_ctx_free(fmt_codec_ctx *c)
 	ZSTD_freeDCtx(c->dctx);
 	free(c->scratch);
 	free(c->sample);
+	free(c->huf_pairs);
 	free(c);
 }
 
@@ -457,33 +465,98 @@ static int plane_zstd(fmt_codec_ctx *c, const void *src, size_t n,
 	return 0;
 }
 
+/* Huffman (mode 2) size of plane[0..n), with its histograms and lengths;
+ * UINT64_MAX if fewer than two symbols occur. */
+static uint64_t huf_plan(const uint8_t *plane, size_t n,
+			 uint32_t h[FMT_HUF_STREAMS][256], uint8_t len[256])
+{
+	uint64_t cnt[256];
+
+	fmt_huf_hist(plane, n, h);
+	for (unsigned x = 0; x < 256; x++)
+		cnt[x] = (uint64_t)h[0][x] + h[1][x] + h[2][x] + h[3][x];
+	if (fmt_huf_lengths(cnt, len))
+		return UINT64_MAX;
+	return fmt_huf_size(h, len);
+}
+
+/* zstd is used over Huffman only if it stores less than this fraction
+ * (ZSTD_NUM / ZSTD_DEN) of the Huffman size: Huffman is several times
+ * faster both ways. */
+#define ZSTD_NUM 97u
+#define ZSTD_DEN 100u
+
 /*
  * Writes one plane at dst (room for `n` bytes at least) and returns its
  * mode and stored length. Compressed output must be strictly smaller than
  * the plane, so it always fits into n bytes.
+ *
+ * The first SAMPLE_BYTES of the plane (all of it if shorter) are measured
+ * with Huffman (exact size from a histogram) and with zstd. zstd is kept
+ * where it clearly wins (runs, repeats, constant planes), Huffman where
+ * the bytes are merely skewed (exponent planes), and a plane that neither
+ * shrinks below SAMPLE_NUM / SAMPLE_DEN is stored raw (mantissa planes).
  */
 static int encode_plane(fmt_codec_ctx *c, const uint8_t *plane, size_t n,
 			uint8_t *dst, uint8_t *mode, size_t *len)
 {
-	size_t got;
-	int rc;
+	uint32_t h[FMT_HUF_STREAMS][256];
+	uint8_t lens[256];
+	size_t sn = n > SAMPLE_BYTES ? SAMPLE_BYTES : n, zs, got;
+	uint64_t hs;
+	int rc, zwin;
 
-	if (n > SAMPLE_BYTES) {
-		rc = plane_zstd(c, plane, SAMPLE_BYTES, c->sample,
-				c->sample_cap, &got);
-		if (rc)
-			return rc;
-		if (got == 0 ||
-		    (uint64_t)got * SAMPLE_DEN >
-			    (uint64_t)SAMPLE_BYTES * SAMPLE_NUM)
-			goto raw;
+	if (n <= 1)
+		goto raw;
+	hs = huf_plan(plane, sn, h, lens);
+	rc = plane_zstd(c, plane, sn, c->sample, c->sample_cap, &zs);
+	if (rc)
+		return rc;
+	zwin = zs && (hs == UINT64_MAX ||
+		      (uint64_t)zs * ZSTD_DEN < hs * ZSTD_NUM);
+	if (sn == n) {
+		/* the sample is the plane: take the smaller */
+		if (zwin && zs < n) {
+			memcpy(dst, c->sample, zs);
+			*mode = 1;
+			*len = zs;
+			return 0;
+		}
+		if (hs < n && fmt_huf_encode(plane, n, h, lens, dst, n - 1,
+				     c->huf_pairs)) {
+			*mode = 2;
+			*len = (size_t)hs;
+			return 0;
+		}
+		if (zs && zs < n) {
+			memcpy(dst, c->sample, zs);
+			*mode = 1;
+			*len = zs;
+			return 0;
+		}
+		goto raw;
 	}
-	if (n > 1) {
+	if (zwin) {
+		if ((uint64_t)zs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM)
+			goto raw;
 		rc = plane_zstd(c, plane, n, dst, n - 1, &got);
 		if (rc)
 			return rc;
 		if (got) {
 			*mode = 1;
+			*len = got;
+			return 0;
+		}
+		goto raw;
+	}
+	if (hs == UINT64_MAX || hs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM)
+		goto raw;
+	hs = huf_plan(plane, n, h, lens);
+	if (hs < n) {
+		got = fmt_huf_encode(plane, n, h, lens, dst, n - 1,
+				     c->huf_pairs);
+		if (got) {
+			*mode = 2;
 			*len = got;
 			return 0;
 		}
@@ -627,8 +700,9 @@ static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
 	for (unsigned j = 0; j < w; j++) {
 		modes[j] = in[2 + 5 * j];
 		lens[j] = fmt_get_u32(in + 3 + 5 * j);
-		if (modes[j] > 1 || (modes[j] == 0 && lens[j] != n) ||
-		    (modes[j] == 1 && lens[j] == 0))
+		if (modes[j] > 2 || (modes[j] == 0 && lens[j] != n) ||
+		    (modes[j] == 1 && lens[j] == 0) ||
+		    (modes[j] == 2 && lens[j] < FMT_HUF_HDR))
 			return fail(err, errlen, CKPT_E_CORRUPT,
 				    "float payload: plane %u: mode %u with "
 				    "%zu bytes for %zu elements", j, modes[j],
@@ -654,9 +728,14 @@ static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
 
 			snprintf(what, sizeof(what), "float payload: plane %u",
 				 j);
-			rc = zstd_exact(c, in + pos, lens[j],
-					c->scratch + j * n, n, what, err,
-					errlen);
+			if (modes[j] == 1)
+				rc = zstd_exact(c, in + pos, lens[j],
+						c->scratch + j * n, n, what,
+						err, errlen);
+			else
+				rc = fmt_huf_decode(in + pos, lens[j],
+						    c->scratch + j * n, n, what,
+						    err, errlen);
 			if (rc)
 				return rc;
 			planes[j] = c->scratch + j * n;

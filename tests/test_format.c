@@ -16,6 +16,7 @@
 
 #include "ckpt.h"
 #include "fmt.h"
+#include "fmt_huf.h"
 
 /* ---- helpers ---- */
 
@@ -558,7 +559,7 @@ START_TEST(test_codec_garbage)
 		if (codec == CKPT_CODEC_FLOAT && len >= 2 && (iter & 1)) {
 			junk[0] = junk[1] = (uint8_t)w; /* get past the header */
 			for (int j = 0; j < w && 2 + 5 * j + 5 <= (int)len; j++) {
-				junk[2 + 5 * j] = (uint8_t)(rnd() % 2);
+				junk[2 + 5 * j] = (uint8_t)(rnd() % 3);
 				fmt_put_u32(junk + 3 + 5 * j,
 					    (uint32_t)(rnd() % 64));
 			}
@@ -634,6 +635,70 @@ START_TEST(test_codec_garbage)
 END_TEST
 
 /*
+ * An independent, slow reading of SPEC.md 5.3 mode 2: canonical codes of
+ * DEFLATE, read bit by bit. Returns 0 and fills out[0..n), or -1.
+ */
+static int ref_huf_decode(const uint8_t *p, size_t len, uint8_t *out,
+			  size_t n)
+{
+	unsigned L[256], count[12] = { 0 }, next[12], code[256], kraft = 0;
+	size_t size[4], off = 144, q = (n + 3) / 4;
+
+	if (len < 144)
+		return -1;
+	for (unsigned x = 0; x < 256; x++) {
+		L[x] = (p[x / 2] >> (4 * (x % 2))) & 15;
+		if (L[x] > 11)
+			return -1;
+		if (L[x]) {
+			count[L[x]]++;
+			kraft += 1u << (11 - L[x]);
+		}
+	}
+	if (kraft != 2048)
+		return -1;
+	next[1] = 0;
+	for (unsigned l = 2; l <= 11; l++)
+		next[l] = (next[l - 1] + count[l - 1]) << 1;
+	for (unsigned x = 0; x < 256; x++)
+		code[x] = L[x] ? next[L[x]]++ : 0;
+	for (unsigned s = 0; s < 4; s++) {
+		size[s] = fmt_get_u32(p + 128 + 4 * s);
+		off += size[s];
+	}
+	if (off != len)
+		return -1;
+	off = 144;
+	for (unsigned s = 0; s < 4; s++) {
+		size_t lo = s * q < n ? s * q : n;
+		size_t hi = (s + 1) * q < n ? (s + 1) * q : n, bit = 0;
+
+		for (size_t i = lo; i < hi; i++) {
+			unsigned c = 0, l = 0, x = 256;
+
+			while (x == 256) {
+				if (bit >= 8 * size[s] || l == 11)
+					return -1;
+				c = c << 1 | ((p[off + bit / 8] >> (bit % 8)) & 1);
+				bit++;
+				l++;
+				for (unsigned y = 0; y < 256; y++)
+					if (L[y] == l && code[y] == c)
+						x = y;
+			}
+			out[i] = (uint8_t)x;
+		}
+		if ((bit + 7) / 8 != size[s])
+			return -1;
+		for (; bit < 8 * size[s]; bit++)
+			if ((p[off + bit / 8] >> (bit % 8)) & 1)
+				return -1;
+		off += size[s];
+	}
+	return 0;
+}
+
+/*
  * An independent reading of SPEC.md 5.3: parse a float payload, rebuild
  * each plane, compare with planes computed from the raw bytes by the
  * spec's formulas, and rebuild the raw bytes from the planes.
@@ -656,6 +721,8 @@ static void check_float_layout(const uint8_t *raw, size_t raw_len,
 		if (mode == 0) {
 			ck_assert_uint_eq(l, n);
 			memcpy(plane, p + pos, n);
+		} else if (mode == 2) {
+			ck_assert_int_eq(ref_huf_decode(p + pos, l, plane, n), 0);
 		} else {
 			ck_assert_int_eq(mode, 1);
 			ck_assert(ZSTD_getFrameContentSize(p + pos, l) == n);
@@ -761,6 +828,9 @@ START_TEST(test_bf16_ratio)
 					fmt_codec_bound(chunk), &used[k],
 					&encl[k]), 0);
 			ck_assert_int_eq(used[k], codec);
+			if (codec == CKPT_CODEC_FLOAT) /* exponent plane */
+				ck_assert_int_eq(enc[k * fmt_codec_bound(chunk) + 2],
+						 2);
 			sum += encl[k];
 		}
 		double te = now_s() - t0;
@@ -819,6 +889,387 @@ START_TEST(test_bf16_ratio)
 	free(out);
 	free(back);
 	free(enc);
+}
+END_TEST
+
+/* ---- Huffman planes (float codec mode 2) ---- */
+
+/* ck_assert logs every passing check; these run in hot loops */
+#define QUIET_ASSERT(cond, ...)                                        \
+	do {                                                           \
+		if (!(cond))                                           \
+			ck_abort_msg(__VA_ARGS__);                     \
+	} while (0)
+
+enum { H_TWO, H_GEO50, H_GEO90, H_GEO99, H_UNIFORM, H_FEW, H_FIB, H_EXP,
+       H_RAMP, H_KINDS };
+
+static void fill_huf(uint8_t *p, size_t n, int kind)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint64_t r = rnd();
+		unsigned x = 0;
+
+		switch (kind) {
+		case H_TWO: x = 0x40 + (unsigned)(r & 1) * 0x80; break;
+		case H_GEO50: while (x < 255 && (r >> x & 1)) x++; break;
+		case H_GEO90: while (x < 255 && r % 10) { x++; r /= 10; }
+			break;
+		case H_GEO99: x = r % 100 ? 7 : (unsigned)(r >> 8) % 256;
+			break;
+		case H_UNIFORM: x = (unsigned)(r >> 56); break;
+		case H_FEW: x = (unsigned)(r % 5) * 51; break;
+		case H_FIB:
+			/* value k with probability ~ 2^-(k+1): a Huffman code
+			 * 40 deep, which must be limited to 11 */
+			x = r ? (unsigned)__builtin_ctzll(r) : 64;
+			x = 200 + x % 50;
+			break;
+		case H_EXP: {
+			uint16_t b = f32_to_bf16((float)(((double)(r >> 11) /
+				9007199254740992.0 - 0.5) * 0.05));
+
+			b = (uint16_t)(b << 1 | b >> 15);
+			x = b >> 8;
+			break;
+		}
+		default: x = (unsigned)(i / 3) & 0xff; break;
+		}
+		p[i] = (uint8_t)x;
+	}
+}
+
+/* Encodes p[0..n) as a mode-2 plane into a fresh exact-size buffer; NULL
+ * if fewer than two distinct values. Checks the code is limited and
+ * complete and the size is as predicted. */
+static uint8_t *huf_enc(const uint8_t *p, size_t n, uint32_t *pairs,
+			size_t *len)
+{
+	uint32_t h[4][256];
+	uint64_t cnt[256], size;
+	uint8_t L[256], *out;
+	unsigned distinct = 0, kraft = 0;
+
+	fmt_huf_hist(p, n, h);
+	for (unsigned x = 0; x < 256; x++) {
+		cnt[x] = (uint64_t)h[0][x] + h[1][x] + h[2][x] + h[3][x];
+		distinct += cnt[x] != 0;
+	}
+	if (fmt_huf_lengths(cnt, L)) {
+		ck_assert_uint_lt(distinct, 2);
+		return NULL;
+	}
+	for (unsigned x = 0; x < 256; x++) {
+		ck_assert_uint_le(L[x], FMT_HUF_MAXLEN);
+		ck_assert((L[x] != 0) == (cnt[x] != 0));
+		if (L[x])
+			kraft += 2048u >> L[x];
+	}
+	ck_assert_uint_eq(kraft, 2048);
+	size = fmt_huf_size(h, L);
+	out = malloc(size);
+	ck_assert_uint_eq(fmt_huf_encode(p, n, h, L, out, size - 1, pairs), 0);
+	*len = fmt_huf_encode(p, n, h, L, out, size, pairs);
+	ck_assert_uint_eq(*len, size);
+	return out;
+}
+
+static int huf_try(const uint8_t *e, size_t len, size_t n)
+{
+	uint8_t *in = malloc(len ? len : 1), *out = malloc(n ? n : 1);
+	int rc;
+
+	memcpy(in, e, len);
+	rc = fmt_huf_decode(in, len, out, n, "t", errbuf, sizeof(errbuf));
+	QUIET_ASSERT(rc == 0 || rc == CKPT_E_CORRUPT, "rc %d", rc);
+	QUIET_ASSERT(rc == 0 || strncmp(errbuf, "t: huffman: ", 12) == 0,
+		     "message %s", errbuf);
+	free(in);
+	free(out);
+	return rc;
+}
+
+START_TEST(test_huf_roundtrip)
+{
+	static const size_t sizes[] = { 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31,
+		33, 63, 64, 65, 100, 127, 129, 1000, 4095, 4097, 65539,
+		(1u << 20) + 5 };
+	size_t maxn = (1u << 20) + 5;
+	uint8_t *p = malloc(maxn);
+	uint32_t *pairs = malloc(FMT_HUF_PAIRS * sizeof(uint32_t));
+
+	for (int kind = 0; kind < H_KINDS; kind++) {
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+			size_t n = sizes[si], len;
+
+			fill_huf(p, n, kind);
+			for (int usep = 0; usep < 2; usep++) {
+				uint8_t *e = huf_enc(p, n, usep ? pairs : NULL,
+						     &len);
+				uint8_t *back = malloc(n), *ref = malloc(n);
+
+				if (!e) {
+					free(back);
+					free(ref);
+					continue;
+				}
+				ck_assert_msg(fmt_huf_decode(e, len, back, n,
+						"t", errbuf, sizeof(errbuf)) == 0,
+					      "kind %d n %zu: %s", kind, n,
+					      errbuf);
+				ck_assert_msg(memcmp(back, p, n) == 0,
+					      "kind %d n %zu differs", kind, n);
+				if (n <= 5000) {
+					ck_assert_int_eq(ref_huf_decode(e, len,
+							ref, n), 0);
+					ck_assert(memcmp(ref, p, n) == 0);
+				}
+				/* another element count: no crash (it may
+				 * decode when every stream keeps its size) */
+				huf_try(e, len, n - 1);
+				huf_try(e, len, n + 1);
+				free(e);
+				free(back);
+				free(ref);
+			}
+		}
+	}
+	/* through the codec: planes of skewed bytes are coded with mode 2 */
+	{
+		size_t n = 40001;
+		uint8_t *raw = malloc(n), *out = malloc(fmt_codec_bound(n));
+		uint8_t *back = malloc(n);
+		fmt_codec_ctx *c = fmt_codec_ctx_new();
+		int used, seen2 = 0;
+		size_t stored;
+
+		for (int kind = 0; kind < H_KINDS; kind++) {
+			fill_huf(raw, n, kind);
+			for (unsigned w = 2; w <= 8; w *= 2) {
+				roundtrip(c, CKPT_CODEC_FLOAT, (int)w, 1, raw,
+					  n, out, back, &used, &stored);
+				if (used == CKPT_CODEC_FLOAT) {
+					for (unsigned j = 0; j < w; j++)
+						seen2 |= out[2 + 5 * j] == 2;
+					check_float_layout(raw, n, w, out,
+							   stored);
+				}
+			}
+		}
+		ck_assert(seen2);
+		fmt_codec_ctx_free(c);
+		free(raw);
+		free(out);
+		free(back);
+	}
+	free(p);
+	free(pairs);
+}
+END_TEST
+
+/* Hostile mode-2 planes never crash (ASan) and are rejected. */
+START_TEST(test_huf_hostile)
+{
+	size_t n = 100003, len, len2;
+	uint8_t *p = malloc(n), *e, *e2, *j;
+
+	/* every truncation and extension of real planes */
+	fill_huf(p, n, H_EXP);
+	e = huf_enc(p, n, NULL, &len);
+	for (size_t cut = 0; cut < len; cut += 1 + cut / 64)
+		QUIET_ASSERT(huf_try(e, cut, n) == CKPT_E_CORRUPT, "accepted");
+	j = malloc(len + 1);
+	memcpy(j, e, len);
+	j[len] = 0;
+	QUIET_ASSERT(huf_try(j, len + 1, n) == CKPT_E_CORRUPT, "accepted");
+	/* one more byte in a stream (sizes adjusted) */
+	for (unsigned s = 0; s < 4; s++) {
+		uint8_t *k = malloc(len + 1);
+		size_t at = 144;
+
+		for (unsigned t = 0; t <= s; t++)
+			at += fmt_get_u32(e + 128 + 4 * t);
+		memcpy(k, e, at);
+		k[at] = 0;
+		memcpy(k + at + 1, e + at, len - at);
+		fmt_put_u32(k + 128 + 4 * s, fmt_get_u32(e + 128 + 4 * s) + 1);
+		QUIET_ASSERT(huf_try(k, len + 1, n) == CKPT_E_CORRUPT, "accepted");
+		free(k);
+	}
+	/* random bit flips: any outcome but a crash */
+	for (int f = 0; f < 3000; f++) {
+		size_t pos = rnd() % len;
+
+		j[pos] ^= (uint8_t)(1u << (rnd() % 8));
+		huf_try(j, len, n);
+		memcpy(j, e, len);
+	}
+	/* flips in the header: the lengths or the sizes change */
+	for (size_t pos = 0; pos < 144; pos++)
+		for (int bit = 0; bit < 8; bit++) {
+			j[pos] ^= (uint8_t)(1u << bit);
+			QUIET_ASSERT(huf_try(j, len, n) == CKPT_E_CORRUPT,
+				     "header byte %zu bit %d", pos, bit);
+			j[pos] ^= (uint8_t)(1u << bit);
+		}
+	free(j);
+	/* every bit of small planes */
+	for (size_t m = 1; m <= 300; m = m * 3 + 1) {
+		fill_huf(p, m, H_GEO50);
+		p[0] = 0;
+		p[m - 1] = 1;
+		e2 = huf_enc(p, m, NULL, &len2);
+		ck_assert(e2 != NULL || m == 1);
+		if (!e2)
+			continue;
+		for (size_t pos = 0; pos < len2; pos++)
+			for (int bit = 0; bit < 8; bit++) {
+				e2[pos] ^= (uint8_t)(1u << bit);
+				huf_try(e2, len2, m);
+				e2[pos] ^= (uint8_t)(1u << bit);
+			}
+		for (size_t cut = 0; cut < len2; cut++)
+			QUIET_ASSERT(huf_try(e2, cut, m) == CKPT_E_CORRUPT, "accepted");
+		free(e2);
+	}
+	/* bad code lengths: too long, incomplete, oversubscribed */
+	{
+		uint8_t h[144 + 8];
+
+		memset(h, 0, sizeof(h));
+		h[0] = 0x11; /* values 0 and 1, length 1: complete */
+		/* n = 64: 16 one-bit symbols, 2 bytes, in each stream */
+		for (unsigned t = 0; t < 4; t++)
+			fmt_put_u32(h + 128 + 4 * t, 2);
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64), 0);
+		h[0] = 0xc1; /* length 12 */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		h[0] = 0x01; /* one value: incomplete */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		h[0] = 0x21; /* 1 + 2: incomplete */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		h[0] = 0x11;
+		h[1] = 0x01; /* 1 + 1 + 1: oversubscribed */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		h[1] = 0;
+		h[144] = 0xff; /* fine: other symbols */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64), 0);
+		fmt_put_u32(h + 128, 1); /* 16 symbols in 8 bits */
+		fmt_put_u32(h + 132, 3);
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		fmt_put_u32(h + 128, 2);
+		fmt_put_u32(h + 132, 2);
+		/* 17 symbols per stream need 3 bytes; 8 need 1 */
+		ck_assert_int_eq(huf_try(h, sizeof(h), 65),
+				 CKPT_E_CORRUPT);
+		ck_assert_int_eq(huf_try(h, sizeof(h), 32),
+				 CKPT_E_CORRUPT);
+		/* n = 61: 16, 16, 16, 13 symbols; sizes 2, 6, 0, 0 */
+		fmt_put_u32(h + 132, 6);
+		fmt_put_u32(h + 136, 0);
+		fmt_put_u32(h + 140, 0);
+		ck_assert_int_eq(huf_try(h, sizeof(h), 61),
+				 CKPT_E_CORRUPT);
+		fmt_put_u32(h + 128, 0xffffffffu); /* sizes overflow */
+		fmt_put_u32(h + 132, 0xffffffffu);
+		fmt_put_u32(h + 136, 0xffffffffu);
+		fmt_put_u32(h + 140, 11);
+		ck_assert_int_eq(huf_try(h, sizeof(h), 64),
+				 CKPT_E_CORRUPT);
+		/* nonzero padding: 4 symbols of 1 bit in one byte */
+		memset(h + 128, 0, 16);
+		fmt_put_u32(h + 128, 1);
+		fmt_put_u32(h + 132, 1);
+		fmt_put_u32(h + 136, 1);
+		fmt_put_u32(h + 140, 1);
+		memset(h + 144, 0, 4);
+		ck_assert_int_eq(huf_try(h, 148, 4), 0);
+		h[146] = 0x02;
+		ck_assert_int_eq(huf_try(h, 148, 4), CKPT_E_CORRUPT);
+		h[146] = 0x01;
+		ck_assert_int_eq(huf_try(h, 148, 4), 0);
+		ck_assert_int_eq(huf_try(h, 148, 9), CKPT_E_CORRUPT);
+		ck_assert_int_eq(huf_try(h, 148, 3),
+				 CKPT_E_CORRUPT);
+	}
+	/* random streams under random complete codes */
+	for (int it = 0; it < 2000; it++) {
+		size_t m = 1 + rnd() % 5000, sl = rnd() % 3000, tot = 0;
+		uint8_t *g = malloc(144 + sl + 16), L[256];
+		uint64_t cnt[256];
+
+		for (unsigned x = 0; x < 256; x++)
+			cnt[x] = rnd() % 3 ? 0 : rnd() >> (rnd() % 64);
+		cnt[rnd() % 256] = 1;
+		cnt[rnd() % 256] += 1;
+		if (fmt_huf_lengths(cnt, L))
+			memset(L, 8, sizeof(L));
+		for (unsigned x = 0; x < 256; x += 2)
+			g[x / 2] = (uint8_t)(L[x] | L[x + 1] << 4);
+		for (unsigned s = 0; s < 4; s++) {
+			size_t z = s == 3 ? sl - tot : rnd() % (sl - tot + 1);
+
+			fmt_put_u32(g + 128 + 4 * s, (uint32_t)z);
+			tot += z;
+		}
+		fill_random(g + 144, sl);
+		huf_try(g, 144 + sl, m);
+		free(g);
+	}
+	/* mode 2 in a float payload: too short, and a real one flipped */
+	{
+		size_t rn = 65536;
+		uint8_t *raw = malloc(rn), *out = malloc(fmt_codec_bound(rn));
+		uint8_t *back = malloc(rn);
+		fmt_codec_ctx *c = fmt_codec_ctx_new();
+		int used;
+		size_t stored;
+
+		fill_kind(raw, rn, D_BF16);
+		ck_assert_int_eq(fmt_chunk_encode(c, CKPT_CODEC_FLOAT, 1, 2, raw,
+				rn, out, fmt_codec_bound(rn), &used, &stored), 0);
+		ck_assert_int_eq(used, CKPT_CODEC_FLOAT);
+		ck_assert_int_eq(out[2], 2);
+		ck_assert_int_eq(fmt_chunk_decode(c, used, 2, out, stored, back,
+				rn, errbuf, sizeof(errbuf)), 0);
+		/* every bit of the headers, then random bits */
+		for (size_t fl = 0; fl < 8 * 200 + 3000; fl++) {
+			size_t pos = fl < 8 * 200 ? fl / 8 : rnd() % stored;
+			int bit = fl < 8 * 200 ? (int)(fl % 8) :
+						 (int)(rnd() % 8), rc;
+
+			out[pos] ^= (uint8_t)(1u << bit);
+			rc = fmt_chunk_decode(c, used, 2, out, stored, back, rn,
+					      errbuf, sizeof(errbuf));
+			QUIET_ASSERT(rc == 0 || rc == CKPT_E_CORRUPT, "rc %d", rc);
+			out[pos] ^= (uint8_t)(1u << bit);
+		}
+		/* plane 0 declared mode 2 with fewer than 144 bytes */
+		{
+			uint8_t f[2 + 10 + 100 + 2048];
+
+			memset(f, 0, sizeof(f));
+			f[0] = f[1] = 2;
+			f[2] = 2;
+			fmt_put_u32(f + 3, 100);
+			f[7] = 0;
+			fmt_put_u32(f + 8, 2048);
+			ck_assert_int_eq(fmt_chunk_decode(c, CKPT_CODEC_FLOAT, 2,
+					f, sizeof(f), back, 4096, errbuf,
+					sizeof(errbuf)), CKPT_E_CORRUPT);
+		}
+		fmt_codec_ctx_free(c);
+		free(raw);
+		free(out);
+		free(back);
+	}
+	free(e);
+	free(p);
 }
 END_TEST
 
@@ -1462,6 +1913,8 @@ static Suite *format_suite(void)
 	tcase_add_test(tc, test_codec_garbage);
 	tcase_add_test(tc, test_float_layout);
 	tcase_add_test(tc, test_bf16_ratio);
+	tcase_add_test(tc, test_huf_roundtrip);
+	tcase_add_test(tc, test_huf_hostile);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("documents");
