@@ -131,7 +131,8 @@ enum ckpt_codec {
 	CKPT_CODEC_ZSTD = 1,  /* one zstd frame per chunk */
 	CKPT_CODEC_FLOAT = 2, /* float-aware: bytes of 2/4/8-byte elements
 	                         grouped by significance (exponents together),
-	                         each group zstd-compressed or stored raw */
+	                         each group Huffman-coded, zstd-compressed
+	                         or stored raw, whichever suits it */
 	CKPT_CODEC_COUNT = 3
 };
 
