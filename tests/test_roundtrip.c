@@ -187,7 +187,7 @@ START_TEST(test_odd_names)
 		"héllo wörld", "a b  c", "a/b/c", "/leading/slash", "..", ".",
 		"../escape", "new\nline", "tab\there", "日本語のテンソル",
 		"emoji 🦀🚀", "quote\"back\\slash", "{\"json\": [1,2]}",
-		"%s%n%d", "ctrl\x01\x1f", "\xef\xbb\xbf" "bom", "x",
+		"%s%n%d", "ctrl\x01\x1f", "\xef\xbb\xbf\x62om" /* BOM + "bom" */, "x",
 		"step-00000000000000000001", "COMMIT", "latest",
 		"h00000-f000.shard", "\xf4\x8f\xbf\xbf",
 	};
