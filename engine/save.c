@@ -47,6 +47,9 @@
 #include "save_internal.h"
 
 #define REG_PIECE (1ull << 30) /* io_uring registers at most 1 GiB per iovec */
+/* Compressed chunks the writer may have in the device at once (bounded by
+ * settings.queue_depth); see alloc_pool(). */
+#define OUT_INFLIGHT 8u
 
 CKPT_API void ckpt_settings_default(ckpt_settings *s)
 {
@@ -563,16 +566,25 @@ static int alloc_pool(struct ckpt *c)
 	uint32_t chunk = c->s.chunk_bytes;
 	size_t slot_cap = (size_t)chunk + FMT_ALIGN;
 	size_t out_cap = 0, budget, outs = 0;
-	uint32_t nout = 0, nslots, i;
+	uint32_t nout = 0, nslots, i, out_inflight;
 	void *m;
 
 	budget = (size_t)fmt_align_up(c->s.staging_bytes, FMT_ALIGN);
+	out_inflight = c->s.queue_depth < OUT_INFLIGHT ? c->s.queue_depth :
+							  OUT_INFLIGHT;
 	if (c->s.codec != CKPT_CODEC_NONE) {
 		out_cap = (size_t)fmt_chunk_span(
 			(uint32_t)fmt_codec_bound(chunk));
+		/* An output buffer is busy from its encode until its write
+		 * completes and the writer has hashed it: one per worker
+		 * encoding, one per worker queued for the writer, and
+		 * OUT_INFLIGHT in the device. With only 2 per worker, about
+		 * 2 writes were in flight and the workers spent much of a
+		 * save waiting for buffers (the disk reaches its bandwidth
+		 * near 8 in flight). At most a quarter of the pool. */
 		nout = (uint32_t)(budget / (4 * out_cap));
-		if (nout > 2 * c->nworkers)
-			nout = 2 * c->nworkers;
+		if (nout > 2 * c->nworkers + out_inflight)
+			nout = 2 * c->nworkers + out_inflight;
 		if (nout < 1)
 			nout = 1;
 		outs = (size_t)nout * out_cap;
