@@ -60,6 +60,7 @@ struct results {
 	double memcpy_s;
 	double block_none_s, durable_none_s;
 	double block_float_s, durable_float_s;
+	double first_block_none_s, first_block_float_s;
 	uint64_t raw_float, stored_float;
 	double load_none_s, load_float_s;
 	int caches_dropped;
@@ -266,9 +267,17 @@ static int run_rss(const struct opts *o, const char *base,
 
 /* ---- main phases ---- */
 
+/*
+ * Opens a handle, saves once right after the open (step + 1000, timed as
+ * first_block_s), then saves `step` on the same handle, which is what is
+ * reported: a training job opens its handle once and saves many times.
+ * On this VM the first stores into a freshly populated pool run ~3x slower
+ * for a few seconds after ckpt_open, so both are shown.
+ */
 static int save_one(const struct opts *o, const char *root, int codec,
 		    uint64_t step, const ckpt_tensor *desc, size_t n,
-		    double *open_s, double *block_s, double *durable_s)
+		    double *open_s, double *first_block_s, double *block_s,
+		    double *durable_s)
 {
 	ckpt_settings s;
 	ckpt *c = NULL;
@@ -285,6 +294,16 @@ static int save_one(const struct opts *o, const char *root, int codec,
 		return fail("ckpt_open", err, ckpt_errmsg(NULL));
 	if (open_s)
 		*open_s = synth_now() - t0;
+	t0 = synth_now();
+	err = ckpt_save(c, step + 1000, desc, n);
+	*first_block_s = synth_now() - t0;
+	if (!err)
+		err = ckpt_wait(c);
+	if (err) {
+		fail("first save", err, ckpt_errmsg(c));
+		ckpt_close(c);
+		return 1;
+	}
 	t0 = synth_now();
 	err = ckpt_save(c, step, desc, n);
 	t1 = synth_now();
@@ -577,10 +596,12 @@ int main(int argc, char **argv)
 
 	snprintf(root, sizeof(root), "%s/ckpt", base);
 	if (save_one(&o, root, CKPT_CODEC_NONE, 1, desc, m.count,
-		     &res.open_none_s, &res.block_none_s, &res.durable_none_s))
+		     &res.open_none_s, &res.first_block_none_s,
+		     &res.block_none_s, &res.durable_none_s))
 		goto out;
 	if (save_one(&o, root, CKPT_CODEC_FLOAT, 2, desc, m.count, NULL,
-		     &res.block_float_s, &res.durable_float_s))
+		     &res.first_block_float_s, &res.block_float_s,
+		     &res.durable_float_s))
 		goto out;
 
 	err = drop_caches();
@@ -701,6 +722,13 @@ int main(int argc, char **argv)
 		printf("(fill %.2f s, ckpt_open with pool pre-fault %.2f s; "
 		       "every loaded byte matched)\n",
 		       res.fill_s, res.open_none_s);
+		printf("(first save right after ckpt_open, blocking: none "
+		       "%.3f s = %.3f x memcpy, float %.3f s = %.3f x "
+		       "memcpy)\n",
+		       res.first_block_none_s,
+		       ratio(res.first_block_none_s, res.memcpy_s),
+		       res.first_block_float_s,
+		       ratio(res.first_block_float_s, res.memcpy_s));
 	}
 	rc = o.strict && missed ? 3 : 0;
 out:
