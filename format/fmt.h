@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ckpt.h"
 
@@ -32,12 +33,52 @@
 #define FMT_MAX_META_BYTES (1ull << 30) /* index / commit documents */
 
 /* ---- little-endian helpers and canonical hashes ---- */
-void fmt_put_u16(uint8_t *p, uint16_t v);
-void fmt_put_u32(uint8_t *p, uint32_t v);
-void fmt_put_u64(uint8_t *p, uint64_t v);
-uint16_t fmt_get_u16(const uint8_t *p);
-uint32_t fmt_get_u32(const uint8_t *p);
-uint64_t fmt_get_u64(const uint8_t *p);
+/* Inline: the codecs' hot loops use them too. */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FMT_LE16(v) __builtin_bswap16(v)
+#define FMT_LE32(v) __builtin_bswap32(v)
+#define FMT_LE64(v) __builtin_bswap64(v)
+#else
+#define FMT_LE16(v) (v)
+#define FMT_LE32(v) (v)
+#define FMT_LE64(v) (v)
+#endif
+static inline void fmt_put_u16(uint8_t *p, uint16_t v)
+{
+	v = FMT_LE16(v);
+	memcpy(p, &v, 2);
+}
+static inline void fmt_put_u32(uint8_t *p, uint32_t v)
+{
+	v = FMT_LE32(v);
+	memcpy(p, &v, 4);
+}
+static inline void fmt_put_u64(uint8_t *p, uint64_t v)
+{
+	v = FMT_LE64(v);
+	memcpy(p, &v, 8);
+}
+static inline uint16_t fmt_get_u16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return FMT_LE16(v);
+}
+static inline uint32_t fmt_get_u32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return FMT_LE32(v);
+}
+static inline uint64_t fmt_get_u64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return FMT_LE64(v);
+}
 /* XXH3-64 stored in xxHash's canonical (big-endian) byte order. */
 void fmt_put_hash(uint8_t *p, uint64_t h);
 uint64_t fmt_get_hash(const uint8_t *p);

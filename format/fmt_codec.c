@@ -141,55 +141,6 @@ static int zstd_err_code(size_t r)
 
 /* ---- byte-plane transforms ---- */
 
-static inline uint16_t ld16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static inline uint32_t ld32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap32(v);
-#endif
-	return v;
-}
-
-static inline uint64_t ld64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap64(v);
-#endif
-	return v;
-}
-
-static inline void st16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static inline void st32(uint8_t *p, uint32_t v)
-{
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap32(v);
-#endif
-	memcpy(p, &v, 4);
-}
-
-static inline void st64(uint8_t *p, uint64_t v)
-{
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap64(v);
-#endif
-	memcpy(p, &v, 8);
-}
-
 /* planes[j] receives byte (w-1-j) of each rotated element; n elements. */
 static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
 {
@@ -213,7 +164,7 @@ static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
 	}
 #endif
 	for (; i < n; i++) {
-		uint16_t x = ld16(src + 2 * i);
+		uint16_t x = fmt_get_u16(src + 2 * i);
 
 		x = (uint16_t)((x << 1) | (x >> 15));
 		p0[i] = (uint8_t)(x >> 8);
@@ -242,7 +193,7 @@ static void join2(const uint8_t *p0, const uint8_t *p1, size_t n,
 	for (; i < n; i++) {
 		uint16_t x = (uint16_t)((p0[i] << 8) | p1[i]);
 
-		st16(dst + 2 * i, (uint16_t)((x >> 1) | (x << 15)));
+		fmt_put_u16(dst + 2 * i, (uint16_t)((x >> 1) | (x << 15)));
 	}
 }
 
@@ -304,7 +255,7 @@ static void split4(const uint8_t *src, size_t n, uint8_t *const p[4])
 	}
 #endif
 	for (; i < n; i++) {
-		uint32_t x = ld32(src + 4 * i);
+		uint32_t x = fmt_get_u32(src + 4 * i);
 
 		x = (x << 1) | (x >> 31);
 		p[0][i] = (uint8_t)(x >> 24);
@@ -344,14 +295,14 @@ static void join4(const uint8_t *const p[4], size_t n, uint8_t *dst)
 		uint32_t x = ((uint32_t)p[0][i] << 24) | ((uint32_t)p[1][i] << 16) |
 			     ((uint32_t)p[2][i] << 8) | p[3][i];
 
-		st32(dst + 4 * i, (x >> 1) | (x << 31));
+		fmt_put_u32(dst + 4 * i, (x >> 1) | (x << 31));
 	}
 }
 
 static void split8(const uint8_t *src, size_t n, uint8_t *const p[8])
 {
 	for (size_t i = 0; i < n; i++) {
-		uint64_t x = ld64(src + 8 * i);
+		uint64_t x = fmt_get_u64(src + 8 * i);
 
 		x = (x << 1) | (x >> 63);
 		p[0][i] = (uint8_t)(x >> 56);
@@ -372,7 +323,7 @@ static void join8(const uint8_t *const p[8], size_t n, uint8_t *dst)
 
 		for (int j = 0; j < 8; j++)
 			x = (x << 8) | p[j][i];
-		st64(dst + 8 * i, (x >> 1) | (x << 63));
+		fmt_put_u64(dst + 8 * i, (x >> 1) | (x << 63));
 	}
 }
 

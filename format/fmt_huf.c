@@ -35,44 +35,13 @@
 #define TSIZE (1u << TBITS)
 #define TMASK (TSIZE - 1u)
 
-static inline uint64_t ld64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap64(v);
-#endif
-	return v;
-}
-
-static inline void st64(uint8_t *p, uint64_t v)
-{
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap64(v);
-#endif
-	memcpy(p, &v, 8);
-}
-
-/* a | b << 8 for the bytes a, b at p */
-static inline unsigned ld16(const uint8_t *p)
-{
-	uint16_t v;
-
-	memcpy(&v, p, 2);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap16(v);
-#endif
-	return v;
-}
-
 /* Up to 8 bytes of b[pos..size), zeros past the end. */
 static inline uint64_t ld64_tail(const uint8_t *b, size_t size, size_t pos)
 {
 	uint64_t v = 0;
 
 	if (pos + 8 <= size)
-		return ld64(b + pos);
+		return fmt_get_u64(b + pos);
 	for (unsigned k = 0; k < 8 && pos + k < size; k++)
 		v |= (uint64_t)b[pos + k] << (8 * k);
 	return v;
@@ -96,7 +65,7 @@ static void hist1(const uint8_t *p, size_t n, uint32_t h[256])
 
 	memset(t, 0, sizeof(t));
 	for (; i + 16 <= n; i += 16) {
-		uint64_t a = ld64(p + i), b = ld64(p + i + 8);
+		uint64_t a = fmt_get_u64(p + i), b = fmt_get_u64(p + i + 8);
 
 		t[0][a & 0xff]++;
 		t[1][(a >> 8) & 0xff]++;
@@ -277,14 +246,14 @@ static inline size_t room(const uint8_t *end, const uint8_t *op, size_t k)
 
 #define PUT2(s, q)                                                     \
 	do {                                                           \
-		uint32_t e_ = pairs[ld16(q)];                          \
+		uint32_t e_ = pairs[fmt_get_u16(q)];                          \
 		b##s |= (uint64_t)(e_ & 0xffffffu) << n##s;            \
 		n##s += e_ >> 24;                                      \
 	} while (0)
 
 #define FLUSH(s)                                                       \
 	do {                                                           \
-		st64(op##s, b##s);                                     \
+		fmt_put_u64(op##s, b##s);                                     \
 		op##s += n##s >> 3;                                    \
 		b##s >>= n##s & ~7u;                                   \
 		n##s &= 7u;                                            \
@@ -473,7 +442,7 @@ static int bad(const char *what, char *err, size_t errlen, const char *fmt,
 
 #define STREAM5(s)                                                     \
 	do {                                                           \
-		uint64_t v##s = ld64(ip##s) >> bo##s;                  \
+		uint64_t v##s = fmt_get_u64(ip##s) >> bo##s;                  \
 		unsigned c##s = bo##s;                                 \
 		GET(s); GET(s); GET(s); GET(s); GET(s);                \
 		ip##s += c##s >> 3;                                    \

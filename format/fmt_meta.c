@@ -997,8 +997,8 @@ int fmt_index_decode(const uint8_t *file, size_t file_len, fmt_index *ix,
 		     char *err, size_t errlen)
 {
 	rd r = { err, errlen, "index" };
-	const char *body;
-	size_t len;
+	const char *body = NULL;
+	size_t len = 0;
 	json_t *root;
 	int rc;
 
@@ -1181,8 +1181,8 @@ int fmt_commit_decode(const uint8_t *file, size_t file_len, fmt_commit *cm,
 		      char *err, size_t errlen)
 {
 	rd r = { err, errlen, "commit" };
-	const char *body;
-	size_t len;
+	const char *body = NULL;
+	size_t len = 0;
 	json_t *root;
 	int rc;
 
