@@ -1,0 +1,118 @@
+/*
+ * cmd_ls.c - ckptctl ls: list the committed steps of a checkpoint directory.
+ *
+ * Design note: one ckpt_list() on a handle opened without a staging pool,
+ * then a table or JSON; the latest step is asked for separately so that a
+ * root with no committed step still lists (empty) instead of failing.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "ckpt.h"
+#include "cli.h"
+#include "safetensors.h"
+
+static const char help_ls[] =
+	"Usage: ckptctl ls [OPTIONS] DIR\n"
+	"\n"
+	"List the committed steps of checkpoint root DIR, oldest first: step,\n"
+	"hosts, tensors, raw size, stored size (all files), ratio and commit time\n"
+	"(UTC). The latest step is marked with '*'.\n"
+	"\n"
+	"Options:\n"
+	"  -j, --json    machine-readable output (exact byte counts)\n"
+	"  -b, --bytes   print sizes in bytes\n"
+	"  -h, --help    show this help\n"
+	"\n"
+	"Examples:\n"
+	"  ckptctl ls /ckpt/run1\n"
+	"  ckptctl ls --json /ckpt/run1\n";
+
+static int cmd_ls(int argc, char **argv)
+{
+	int json = 0, rc, ret = 1, have_latest;
+	cli_location loc = { 0 };
+	ckpt *h = NULL;
+	ckpt_step_info *steps = NULL;
+	size_t n = 0;
+	uint64_t latest = 0;
+
+	rc = cli_display_args(argc, argv, help_ls, 0, &json, &loc);
+	if (rc >= 0)
+		return rc;
+	if (cli_open_root(&loc, &h))
+		goto out;
+	rc = ckpt_list(h, &steps, &n);
+	if (rc) {
+		cli_err("%s", cli_libmsg(ckpt_errmsg(h), rc));
+		goto out;
+	}
+	rc = ckpt_latest(h, &latest);
+	if (rc && rc != CKPT_E_NOTFOUND) {
+		cli_err("%s", cli_libmsg(ckpt_errmsg(h), rc));
+		goto out;
+	}
+	have_latest = rc == 0;
+
+	if (json) {
+		json_t *root = cli_jcheck(json_object()),
+		       *arr = cli_jcheck(json_array());
+		cli_jset(root, "root", cli_jstr(loc.path));
+		cli_jset(root, "latest",
+			 have_latest ? cli_ju64(latest) : json_null());
+		for (size_t i = 0; i < n; i++) {
+			const ckpt_step_info *s = &steps[i];
+			json_t *o = cli_jcheck(json_object());
+			char t[64];
+			cli_jset(o, "step", cli_ju64(s->step));
+			cli_jset(o, "hosts", cli_ju64(s->host_count));
+			cli_jset(o, "files", cli_ju64(s->file_count));
+			cli_jset(o, "tensors", cli_ju64(s->tensor_count));
+			cli_jset(o, "raw_bytes", cli_ju64(s->raw_bytes));
+			cli_jset(o, "stored_bytes", cli_ju64(s->stored_bytes));
+			cli_jset(o, "ratio",
+				 cli_jratio(s->raw_bytes, s->stored_bytes));
+			cli_jset(o, "commit_unix_ns",
+				 cli_jcheck(json_integer(s->commit_unix_ns)));
+			cli_jset(o, "time",
+				 cli_jstr(cli_fmt_time(s->commit_unix_ns, t,
+						       sizeof(t))));
+			cli_jset(o, "latest",
+				 json_boolean(have_latest &&
+					      s->step == latest));
+			cli_jappend(arr, o);
+		}
+		cli_jset(root, "steps", arr);
+		cli_jprint(root);
+	} else if (n == 0) {
+		printf("no committed steps in %s\n", loc.path);
+	} else {
+		printf("%-22s %5s %8s %11s %11s %8s  %s\n", "STEP", "HOSTS",
+		       "TENSORS", "RAW", "STORED", "RATIO", "TIME (UTC)");
+		for (size_t i = 0; i < n; i++) {
+			const ckpt_step_info *s = &steps[i];
+			char st[32], a[32], b[32], r[32], t[64];
+			snprintf(st, sizeof(st), "%" PRIu64 "%s", s->step,
+				 have_latest && s->step == latest ? " *" : "");
+			printf("%-22s %5u %8" PRIu64 " %11s %11s %8s  %s\n", st,
+			       s->host_count, s->tensor_count,
+			       cli_fmt_size(s->raw_bytes, a, sizeof(a)),
+			       cli_fmt_size(s->stored_bytes, b, sizeof(b)),
+			       cli_fmt_ratio(s->raw_bytes, s->stored_bytes, r,
+					     sizeof(r)),
+			       cli_fmt_time(s->commit_unix_ns, t, sizeof(t)));
+		}
+		printf("%zu committed step%s; * = latest\n", n,
+		       n == 1 ? "" : "s");
+	}
+	ret = 0;
+out:
+	ckpt_free(steps);
+	ckpt_close(h);
+	cli_location_free(&loc);
+	return ret;
+}
+
+CLI_DEFINE_COMMAND(ls, "list the committed steps of a checkpoint directory");
