@@ -20,6 +20,7 @@ could run, 1 otherwise.
 import json
 import os
 import pty
+import re
 import shutil
 import struct
 import subprocess
@@ -363,7 +364,34 @@ class TestHelp(CkptctlTest):
                 self.assertIn("Usage: ckptctl " + c, p.out)
                 self.assertIn("Options:", p.out)
                 self.assertIn("Examples:", p.out)
+                self.assertIn("Exit status: 0 ", p.out)
                 self.assertEqual(p.err, "")
+
+    # A value of the right kind for each argument placeholder in the help.
+    ARG_VALUES = {"N": "1", "K": "1", "BYTES": "64K", "FMT": "safetensors",
+                  "FILE": "x", "NAME": "x", "OUTDIR": "x",
+                  "none|zstd|float": "zstd"}
+
+    def test_help_options_exist(self):
+        # Every option a command's help lists is accepted, in both spellings
+        # and with an argument exactly when the help shows one: a later
+        # --help then still prints the help (a missing or unknown option
+        # would be a usage error, a wrongly taken argument would eat it).
+        for c in self.COMMANDS:
+            p = run(c, "--help")
+            opts = re.findall(r"^  (-\w), (--[\w-]+)(?: (\S+))?",
+                              p.out.split("Options:\n", 1)[1], re.M)
+            self.assertIn(("-h", "--help", ""), opts, c)
+            self.assertIn(("-j", "--json", ""), opts, c)
+            for short, long_, arg in opts:
+                for spelling in (short, long_):
+                    args = [c, spelling]
+                    if arg:
+                        args.append(self.ARG_VALUES[arg])
+                    with self.subTest(args=args):
+                        q = run(*args, "--help")
+                        self.assertEqual(q.returncode, 0, q.err)
+                        self.assertEqual(q.out, p.out)
 
 
 class TestUsageErrors(CkptctlTest):

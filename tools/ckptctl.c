@@ -31,7 +31,8 @@ static const struct cli_command *const commands[] = {
 
 static void print_main_help(void)
 {
-	fputs("Usage: ckptctl [--help] [--version] COMMAND [ARGS]\n"
+	fputs("Usage: ckptctl [-h|--help] [-V|--version] COMMAND [ARGS]\n"
+	      "       ckptctl help [COMMAND]\n"
 	      "\n"
 	      "Inspect, verify and convert ckpt checkpoints.\n"
 	      "\n"
@@ -41,8 +42,9 @@ static void print_main_help(void)
 		printf("  %-7s  %s\n", commands[i]->name, commands[i]->summary);
 	fputs("\n"
 	      "Locations: DIR is a checkpoint root directory; DIR@STEP names one step\n"
-	      "(the last '@' followed by digits only). Without @STEP the latest step\n"
-	      "is used.\n"
+	      "(the last '@' followed by digits only). Without @STEP, commands that\n"
+	      "read a step use the latest one and import writes step 0. ls and gc\n"
+	      "take DIR whole.\n"
 	      "\n"
 	      "Exit status: 0 success, 1 failure, 2 usage error.\n"
 	      "Run 'ckptctl COMMAND --help' for a command's options and examples.\n",

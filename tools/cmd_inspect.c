@@ -28,6 +28,9 @@ static const char help_inspect[] =
 	"  -b, --bytes   print sizes in bytes\n"
 	"  -h, --help    show this help\n"
 	"\n"
+	"Exit status: 0 shown, 1 failure (e.g. no such step, unreadable index),\n"
+	"2 usage error.\n"
+	"\n"
 	"Examples:\n"
 	"  ckptctl inspect /ckpt/run1\n"
 	"  ckptctl inspect --json /ckpt/run1@1000\n";

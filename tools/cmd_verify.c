@@ -17,16 +17,21 @@
 
 static const char help_verify[] =
 	"Usage: ckptctl verify [OPTIONS] DIR[@STEP]\n"
+	"       ckptctl verify --all [OPTIONS] DIR\n"
 	"\n"
 	"Check a step (default: the latest) against its commit record: every\n"
 	"file's size and XXH3, every shard and chunk header, every chunk's\n"
 	"content hash. Prints 'OK step N: X files, Y bytes verified' or names the\n"
-	"first bad place and exits 1.\n"
+	"first bad place. Ctrl-C cancels (exit 1).\n"
 	"\n"
 	"Options:\n"
-	"  -a, --all     verify every committed step\n"
+	"  -a, --all     verify every committed step (DIR must not name a step)\n"
 	"  -j, --json    machine-readable output\n"
 	"  -h, --help    show this help\n"
+	"\n"
+	"Exit status: 0 intact, 1 a check failed, the step cannot be read or\n"
+	"the run was cancelled (with --all: any of these for any step, or no\n"
+	"step is committed), 2 usage error.\n"
 	"\n"
 	"Examples:\n"
 	"  ckptctl verify /ckpt/run1\n"
@@ -121,7 +126,8 @@ static int cmd_verify(int argc, char **argv)
 	} else {
 		ckpt *h = NULL;
 		ckpt_step_info *steps = NULL;
-		size_t n = 0, bad = 0;
+		size_t n = 0, bad = 0, checked;
+		int ok;
 		json_t *root = NULL, *arr = NULL;
 
 		if (cli_open_root(&loc, &h))
@@ -137,26 +143,31 @@ static int cmd_verify(int argc, char **argv)
 			root = cli_jcheck(json_object());
 			arr = cli_jcheck(json_array());
 		}
-		for (size_t i = 0; i < n && !cli_interrupted; i++) {
+		for (checked = 0; checked < n && !cli_interrupted; checked++) {
 			json_t *res = json ? cli_jcheck(json_object()) : NULL;
-			if (verify_one(&loc, steps[i].step, res, json))
+			if (verify_one(&loc, steps[checked].step, res, json))
 				bad++;
 			if (res)
 				cli_jappend(arr, res);
 		}
+		/* Interrupted between two steps: the rest was not checked. */
+		if (checked < n)
+			cli_err("interrupted after %zu of %zu steps", checked,
+				n);
+		ok = bad == 0 && n > 0 && checked == n;
 		if (json) {
-			cli_jset(root, "ok", json_boolean(bad == 0 && n > 0));
-			cli_jset(root, "steps_verified", cli_ju64(n));
+			cli_jset(root, "ok", json_boolean(ok));
+			cli_jset(root, "steps_verified", cli_ju64(checked));
 			cli_jset(root, "steps_failed", cli_ju64(bad));
 			cli_jset(root, "results", arr);
 			cli_jprint(root);
 		} else if (n > 0) {
-			printf("%zu of %zu steps OK\n", n - bad, n);
+			printf("%zu of %zu steps OK\n", checked - bad, n);
 		}
 		if (n == 0)
 			cli_err("%s: no committed steps", loc.path);
 		ckpt_free(steps);
-		ret = (bad == 0 && n > 0) ? 0 : 1;
+		ret = ok ? 0 : 1;
 	}
 out:
 	cli_location_free(&loc);
