@@ -1,0 +1,916 @@
+/*
+ * reader_open.c - opening a committed step: COMMIT, then every host's index
+ * (each compared with COMMIT's listing before it is parsed, then its
+ * numbers re-checked), merged into one name-sorted table of global tensors
+ * whose slices must agree and not overlap; per-codec statistics; the
+ * accessors and ckpt_reader_close.
+ *
+ * After open the tables are read-only: reads and verification only look
+ * things up here (rd_find, rd_file_lookup, rd_host_tensor_at). The data
+ * path is described in reader_internal.h.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reader_internal.h"
+
+#define RD_MAX_QD 1024u
+#define RD_DEFAULT_QD 32u
+#define RD_MAX_THREADS 256u
+
+/* ------------------------------------------------------------------ */
+/* Lookups                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Name of the first tensor of host h overlapping stream [cs, ce), or NULL. */
+const char *rd_host_tensor_at(const ckpt_reader *r, uint32_t h, uint64_t cs,
+			      uint64_t ce)
+{
+	const struct rd_host *ho = &r->hosts[h];
+	size_t lo = 0, hi = ho->ix.ntensors;
+
+	/* first tensor (by stream order) ending after cs */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const fmt_tensor_entry *te = &ho->ix.tensors[ho->by_stream[mid]];
+
+		if (te->stream_offset + te->nbytes <= cs)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < ho->ix.ntensors; lo++) {
+		const fmt_tensor_entry *te = &ho->ix.tensors[ho->by_stream[lo]];
+
+		if (te->stream_offset >= ce)
+			break;
+		if (te->nbytes > 0)
+			return te->name;
+	}
+	return NULL;
+}
+int rd_find(const ckpt_reader *r, const char *name, size_t *idx)
+{
+	size_t lo = 0, hi = r->ntensors;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(r->tensors[mid].name, name);
+
+		if (c == 0) {
+			*idx = mid;
+			return 0;
+		}
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return CKPT_E_NOTFOUND;
+}
+
+/* ------------------------------------------------------------------ */
+/* Open                                                               */
+/* ------------------------------------------------------------------ */
+
+static int cmp_file_name(const void *a, const void *b, void *arg)
+{
+	const struct rd_file *f = arg;
+
+	return strcmp(f[*(const size_t *)a].name, f[*(const size_t *)b].name);
+}
+
+size_t rd_file_lookup(const ckpt_reader *r, const char *name)
+{
+	size_t lo = 0, hi = r->nfiles;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(r->files[r->files_by_name[mid]].name, name);
+
+		if (c == 0)
+			return r->files_by_name[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return SIZE_MAX;
+}
+
+static int parse_shard_name(const char *s, uint32_t *host, uint32_t *file)
+{
+	unsigned h, f;
+	int n = -1;
+	char chk[32];
+
+	if (sscanf(s, "h%5u-f%3u.shard%n", &h, &f, &n) != 2 || n < 0 ||
+	    s[n] != 0)
+		return -1;
+	fmt_shard_name(h, f, chk);
+	if (strcmp(chk, s) != 0)
+		return -1;
+	*host = h;
+	*file = f;
+	return 0;
+}
+
+static int cmp_stream(const void *a, const void *b, void *arg)
+{
+	const fmt_index *ix = arg;
+	const fmt_tensor_entry *x = &ix->tensors[*(const size_t *)a];
+	const fmt_tensor_entry *y = &ix->tensors[*(const size_t *)b];
+
+	if (x->stream_offset != y->stream_offset)
+		return x->stream_offset < y->stream_offset ? -1 : 1;
+	return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+/* Re-checks what later code indexes memory with. */
+static int rd_check_index(ckpt_reader *r, uint32_t h, const char *iname)
+{
+	const fmt_index *ix = &r->hosts[h].ix;
+	uint64_t pos = 0;
+
+	if (ix->nfiles > FMT_MAX_FILES_PER_HOST || ix->nchunks >= UINT32_MAX)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: too many files or chunks", r->dname,
+			       iname);
+	for (size_t i = 0; i < ix->ntensors; i++) {
+		const fmt_tensor_entry *te = &ix->tensors[i];
+		size_t es = ckpt_dtype_size(te->dtype);
+		uint64_t nb, gb;
+
+		if (es == 0 || te->ndim > CKPT_MAX_NDIM || !te->name)
+			goto bad_tensor;
+		for (uint32_t d = 0; d < te->ndim; d++)
+			if (te->offset[d] > te->shape[d] ||
+			    te->extent[d] > te->shape[d] - te->offset[d])
+				goto bad_tensor;
+		if (fmt_shape_bytes(te->extent, te->ndim, es, &nb) < 0 ||
+		    nb != te->nbytes ||
+		    fmt_shape_bytes(te->shape, te->ndim, es, &gb) < 0 ||
+		    te->stream_offset > ix->stream_bytes ||
+		    te->nbytes > ix->stream_bytes - te->stream_offset)
+			goto bad_tensor;
+		continue;
+bad_tensor:
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: tensor %zu has an inconsistent shape, "
+			       "slice or stream range", r->dname, iname, i);
+	}
+	for (size_t c = 0; c < ix->nchunks; c++) {
+		const fmt_chunk_entry *ce = &ix->chunks[c];
+		const struct rd_file *f;
+
+		if (ce->stream_offset != pos || ce->raw_len == 0 ||
+		    ce->raw_len > FMT_MAX_CHUNK || ce->file >= ix->nfiles ||
+		    ce->codec >= CKPT_CODEC_COUNT || ce->stored_len == 0 ||
+		    ce->stored_len > fmt_codec_bound(ce->raw_len) ||
+		    (ce->codec == CKPT_CODEC_NONE &&
+		     ce->stored_len != ce->raw_len) ||
+		    ce->file_offset % FMT_ALIGN != 0 ||
+		    ce->file_offset < FMT_SHARD_HDR_SIZE)
+			goto bad_chunk;
+		f = &r->files[r->hosts[h].file_of[ce->file]];
+		if (ce->file_offset > f->size ||
+		    fmt_chunk_span(ce->stored_len) > f->size - ce->file_offset)
+			goto bad_chunk;
+		pos += ce->raw_len;
+		continue;
+bad_chunk:
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: chunk %zu is out of range or not "
+			       "contiguous", r->dname, iname, c);
+	}
+	if (pos != ix->stream_bytes)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: chunks cover %llu bytes of a %llu-byte "
+			       "stream", r->dname, iname, (ull)pos,
+			       (ull)ix->stream_bytes);
+	return 0;
+}
+
+static int rd_load_host(ckpt_reader *r, uint32_t h)
+{
+	struct rd_host *ho = &r->hosts[h];
+	const fmt_file_entry *ie = ho->cm_index;
+	char iname[32], err[ENG_ERRMSG_MAX];
+	char *path = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0, nshards = ho->cm_nshards;
+	int rc;
+
+	fmt_index_name(h, iname);
+	if (!ie || strcmp(ie->name, iname) != 0)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: the commit record lists no index of "
+			       "host %u", r->dname, FMT_COMMIT_NAME, h);
+	if (ie->size > FMT_MAX_META_BYTES + FMT_META_HDR_SIZE)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: the commit record says %llu bytes",
+			       r->dname, iname, (ull)ie->size);
+	path = eng_path("%s/%s", r->stepdir, iname);
+	if (!path)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	rc = eng_read_file(path, ie->size, &buf, &len, err);
+	if (rc == -ENOENT) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: missing (listed in %s)", r->dname, iname,
+			     FMT_COMMIT_NAME);
+		goto out;
+	}
+	if (rc == CKPT_E_CORRUPT) {
+		rc = eng_err(r->errmsg, rc, "%s/%s: larger than the %llu bytes "
+			     "the commit record says", r->dname, iname,
+			     (ull)ie->size);
+		goto out;
+	}
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc, "%s", err);
+		goto out;
+	}
+	if (len != ie->size) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: %zu bytes, the commit record says %llu",
+			     r->dname, iname, len, (ull)ie->size);
+		goto out;
+	}
+	if (fmt_xxh3(buf, len) != ie->xxh3) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: checksum mismatch with the commit record",
+			     r->dname, iname);
+		goto out;
+	}
+	err[0] = 0;
+	rc = fmt_index_decode(buf, len, &ho->ix, err, sizeof(err));
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc == CKPT_E_VERSION ? rc
+				     : rc == -ENOMEM ? rc : CKPT_E_CORRUPT,
+			     "%s/%s: %s", r->dname, iname, err);
+		goto out;
+	}
+	ho->loaded = 1;
+	if (ho->ix.step != r->step || ho->ix.host_index != h ||
+	    ho->ix.host_count != r->nhosts) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: index of step %llu host %u of %u, the "
+			     "commit record is step %llu with %u hosts",
+			     r->dname, iname, (ull)ho->ix.step,
+			     ho->ix.host_index, ho->ix.host_count,
+			     (ull)r->step, r->nhosts);
+		goto out;
+	}
+	if (ho->ix.nfiles != nshards || ho->ix.nfiles > FMT_MAX_FILES_PER_HOST) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: lists %zu shard files, the commit record "
+			     "%zu", r->dname, iname, ho->ix.nfiles, nshards);
+		goto out;
+	}
+	ho->file_of = calloc(ho->ix.nfiles + 1, sizeof(*ho->file_of));
+	ho->by_stream = calloc(ho->ix.ntensors + 1, sizeof(*ho->by_stream));
+	ho->gidx = calloc(ho->ix.ntensors + 1, sizeof(*ho->gidx));
+	if (!ho->file_of || !ho->by_stream || !ho->gidx) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < ho->ix.nfiles; i++) {
+		const fmt_file_entry *fe = &ho->ix.files[i];
+		size_t k = rd_file_lookup(r, fe->name);
+		struct rd_file *f = k == SIZE_MAX ? NULL : &r->files[k];
+
+		if (!f || f->host != h || f->mapped || f->size != fe->size ||
+		    f->xxh3 != fe->xxh3) {
+			rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+				     "%s/%s: shard file %s disagrees with the "
+				     "commit record (missing, duplicated, or "
+				     "different size or checksum)",
+				     r->dname, iname, fe->name);
+			goto out;
+		}
+		f->mapped = 1;
+		f->ixfile = (uint32_t)i;
+		ho->file_of[i] = (uint32_t)k;
+	}
+	rc = rd_check_index(r, h, iname);
+	if (rc < 0)
+		goto out;
+	for (size_t i = 0; i < ho->ix.ntensors; i++)
+		ho->by_stream[i] = i;
+	if (ho->ix.ntensors > 1)
+		qsort_r(ho->by_stream, ho->ix.ntensors, sizeof(size_t),
+			cmp_stream, &ho->ix);
+out:
+	free(buf);
+	free(path);
+	return rc;
+}
+
+struct rd_ent {
+	const fmt_tensor_entry *te;
+	uint32_t host;
+	size_t idx;
+};
+
+static int cmp_ent(const void *a, const void *b)
+{
+	const struct rd_ent *x = a, *y = b;
+	int c = strcmp(x->te->name, y->te->name);
+
+	if (c)
+		return c;
+	return x->host < y->host ? -1 : x->host > y->host;
+}
+
+static int boxes_overlap(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
+{
+	for (uint32_t d = 0; d < a->ndim; d++) {
+		if (a->extent[d] == 0 || b->extent[d] == 0)
+			return 0;
+		if (a->offset[d] >= b->offset[d] + b->extent[d] ||
+		    b->offset[d] >= a->offset[d] + a->extent[d])
+			return 0;
+	}
+	return 1;
+}
+
+static int cmp_piece_dim(const void *a, const void *b, void *arg)
+{
+	uint32_t d = *(const uint32_t *)arg;
+	const struct rd_piece *x = a, *y = b;
+
+	if (x->te->offset[d] != y->te->offset[d])
+		return x->te->offset[d] < y->te->offset[d] ? -1 : 1;
+	return x->host < y->host ? -1 : x->host > y->host;
+}
+
+static int cmp_piece_host(const void *a, const void *b)
+{
+	const struct rd_piece *x = a, *y = b;
+
+	return x->host < y->host ? -1 : x->host > y->host;
+}
+
+/* Slices of one name must not overlap: a sweep along the first dimension
+ * in which they differ keeps the common shardings near-linear. */
+static int rd_check_overlap(ckpt_reader *r, struct rd_tensor *t)
+{
+	struct rd_piece *p = &r->pieces[t->first];
+	uint32_t n = t->npieces, d0 = 0;
+	int rc = 0;
+
+	if (n < 2)
+		return 0;
+	if (t->ndim == 0)
+		return eng_err(r->errmsg, CKPT_E_MISMATCH,
+			       "tensor \"%s\": scalar stored by hosts %u and %u",
+			       t->name, p[0].host, p[1].host);
+	for (d0 = 0; d0 < t->ndim; d0++) {
+		uint32_t i;
+
+		for (i = 1; i < n; i++)
+			if (p[i].te->offset[d0] != p[0].te->offset[d0])
+				break;
+		if (i < n)
+			break;
+	}
+	if (d0 == t->ndim)
+		d0 = 0;
+	qsort_r(p, n, sizeof(*p), cmp_piece_dim, &d0);
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		uint64_t end = p[i].te->offset[d0] + p[i].te->extent[d0];
+
+		for (uint32_t j = i + 1; j < n; j++) {
+			if (p[j].te->offset[d0] >= end)
+				break;
+			if (boxes_overlap(p[i].te, p[j].te)) {
+				rc = eng_err(r->errmsg, CKPT_E_MISMATCH,
+					     "tensor \"%s\": slices stored by "
+					     "hosts %u and %u overlap", t->name,
+					     p[i].host, p[j].host);
+				break;
+			}
+		}
+	}
+	qsort(p, n, sizeof(*p), cmp_piece_host);
+	return rc;
+}
+
+static int rd_merge(ckpt_reader *r)
+{
+	struct rd_ent *e = NULL;
+	size_t n = 0, k = 0;
+	int rc = 0;
+
+	for (uint32_t h = 0; h < r->nhosts; h++)
+		n += r->hosts[h].ix.ntensors;
+	e = calloc(n + 1, sizeof(*e));
+	r->pieces = calloc(n + 1, sizeof(*r->pieces));
+	r->tensors = calloc(n + 1, sizeof(*r->tensors));
+	if (!e || !r->pieces || !r->tensors) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (uint32_t h = 0; h < r->nhosts; h++) {
+		for (size_t i = 0; i < r->hosts[h].ix.ntensors; i++) {
+			e[k].te = &r->hosts[h].ix.tensors[i];
+			e[k].host = h;
+			e[k].idx = i;
+			k++;
+		}
+	}
+	if (n > 1)
+		qsort(e, n, sizeof(*e), cmp_ent);
+	r->npieces = n;
+	for (size_t i = 0; i < n;) {
+		struct rd_tensor *t = &r->tensors[r->ntensors];
+		const fmt_tensor_entry *f = e[i].te;
+		size_t j = i;
+		uint64_t gb;
+
+		t->name = f->name;
+		t->dtype = f->dtype;
+		t->ndim = f->ndim;
+		t->shape = f->shape;
+		t->first = i;
+		fmt_shape_bytes(f->shape, f->ndim, ckpt_dtype_size(f->dtype),
+				&gb);
+		t->nbytes = gb;
+		for (; j < n && strcmp(e[j].te->name, f->name) == 0; j++) {
+			const fmt_tensor_entry *g = e[j].te;
+
+			if (j > i && e[j].host == e[j - 1].host) {
+				rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+					     "tensor \"%s\" listed twice by "
+					     "host %u", f->name, e[j].host);
+				goto out;
+			}
+			if (g->dtype != f->dtype || g->ndim != f->ndim ||
+			    memcmp(g->shape, f->shape,
+				   f->ndim * sizeof(uint64_t)) != 0) {
+				rc = eng_err(r->errmsg, CKPT_E_MISMATCH,
+					     "tensor \"%s\": host %u stores "
+					     "%s with %u dims, host %u %s with "
+					     "%u dims or another global shape",
+					     f->name, e[i].host,
+					     ckpt_dtype_name(f->dtype), f->ndim,
+					     e[j].host,
+					     ckpt_dtype_name(g->dtype), g->ndim);
+				goto out;
+			}
+			r->pieces[j].host = e[j].host;
+			r->pieces[j].te = g;
+			r->hosts[e[j].host].gidx[e[j].idx] = r->ntensors;
+		}
+		if (j - i > UINT32_MAX) {
+			rc = eng_err(r->errmsg, CKPT_E_CORRUPT, "too many slices");
+			goto out;
+		}
+		t->npieces = (uint32_t)(j - i);
+		r->ntensors++;
+		rc = rd_check_overlap(r, t);
+		if (rc < 0)
+			goto out;
+		i = j;
+	}
+out:
+	free(e);
+	return rc;
+}
+
+/* Stats by codec, and chunk payload bytes attributed to tensors pro rata
+ * of the bytes of each chunk they occupy. */
+static void rd_stats(ckpt_reader *r)
+{
+	ckpt_stats *s = &r->stats;
+
+	memset(s, 0, sizeof(*s));
+	for (size_t i = 0; i < r->cm.nfiles; i++)
+		s->file_bytes += r->cm.files[i].size;
+	s->file_bytes += r->commit_size;
+	for (uint32_t h = 0; h < r->nhosts; h++) {
+		const struct rd_host *ho = &r->hosts[h];
+		const fmt_index *ix = &ho->ix;
+		size_t p = 0;
+
+		for (size_t c = 0; c < ix->nchunks; c++) {
+			const fmt_chunk_entry *ce = &ix->chunks[c];
+			uint64_t cs = ce->stream_offset, cend = cs + ce->raw_len;
+			uint64_t used = 0;
+			size_t q;
+
+			s->raw_bytes += ce->raw_len;
+			s->stored_bytes += ce->stored_len;
+			s->chunks++;
+			s->chunks_by_codec[ce->codec]++;
+			s->raw_by_codec[ce->codec] += ce->raw_len;
+			s->stored_by_codec[ce->codec] += ce->stored_len;
+			while (p < ix->ntensors) {
+				const fmt_tensor_entry *te =
+					&ix->tensors[ho->by_stream[p]];
+
+				if (te->stream_offset + te->nbytes > cs)
+					break;
+				p++;
+			}
+			for (q = p; q < ix->ntensors; q++) {
+				const fmt_tensor_entry *te =
+					&ix->tensors[ho->by_stream[q]];
+				uint64_t lo, hi;
+
+				if (te->stream_offset >= cend)
+					break;
+				lo = max_u64(te->stream_offset, cs);
+				hi = min_u64(te->stream_offset + te->nbytes,
+					     cend);
+				if (hi > lo)
+					used += hi - lo;
+			}
+			if (used == 0)
+				continue;
+			for (q = p; q < ix->ntensors; q++) {
+				size_t ti = ho->by_stream[q];
+				const fmt_tensor_entry *te = &ix->tensors[ti];
+				uint64_t lo, hi;
+
+				if (te->stream_offset >= cend)
+					break;
+				lo = max_u64(te->stream_offset, cs);
+				hi = min_u64(te->stream_offset + te->nbytes,
+					     cend);
+				if (hi > lo)
+					r->tensors[ho->gidx[ti]].stored_bytes +=
+						(uint64_t)((unsigned __int128)
+							   ce->stored_len *
+							   (hi - lo) / used);
+			}
+		}
+	}
+}
+
+/* Reads COMMIT once: the document, and its size and hash for listings. */
+static int rd_load_commit(ckpt_reader *r)
+{
+	char *path = eng_path("%s/" FMT_COMMIT_NAME, r->stepdir);
+	char err[ENG_ERRMSG_MAX];
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (!path)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	rc = eng_read_file(path, FMT_MAX_META_BYTES + FMT_META_HDR_SIZE, &buf,
+			   &len, err);
+	if (rc == -ENOENT || rc == -ENOTDIR) {
+		rc = eng_err(r->errmsg, CKPT_E_NOTFOUND,
+			     "%s: step %llu is not committed (no %s/%s)",
+			     r->root, (ull)r->step, r->dname,
+			     FMT_COMMIT_NAME);
+		goto out;
+	}
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc, "%s", err);
+		goto out;
+	}
+	err[0] = 0;
+	rc = fmt_commit_decode(buf, len, &r->cm, err, sizeof(err));
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc == CKPT_E_VERSION || rc == -ENOMEM
+				     ? rc : CKPT_E_CORRUPT,
+			     "%s/%s: %s", r->dname, FMT_COMMIT_NAME, err);
+		goto out;
+	}
+	r->cm_loaded = 1;
+	if (r->cm.step != r->step) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: records step %llu", r->dname,
+			     FMT_COMMIT_NAME, (ull)r->cm.step);
+		goto out;
+	}
+	if (r->cm.host_count == 0 || r->cm.host_count > FMT_MAX_HOSTS) {
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT, "%s/%s: %u hosts",
+			     r->dname, FMT_COMMIT_NAME, r->cm.host_count);
+		goto out;
+	}
+	r->commit_size = len;
+	r->commit_xxh3 = fmt_xxh3(buf, len);
+out:
+	free(buf);
+	free(path);
+	return rc;
+}
+
+static int rd_build_files(ckpt_reader *r)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < r->cm.nfiles; i++)
+		if (r->cm.files[i].kind == CKPT_FILE_SHARD)
+			n++;
+	r->files = calloc(n + 1, sizeof(*r->files));
+	r->files_by_name = calloc(n + 1, sizeof(*r->files_by_name));
+	if (!r->files || !r->files_by_name)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < r->cm.nfiles; i++) {
+		const fmt_file_entry *fe = &r->cm.files[i];
+		struct rd_file *f;
+		uint32_t h, fi;
+
+		if (fe->kind != CKPT_FILE_SHARD)
+			continue;
+		f = &r->files[r->nfiles];
+		f->fd = -1;
+		if (parse_shard_name(fe->name, &h, &fi) < 0 || h != fe->host ||
+		    h >= r->nhosts)
+			return eng_err(r->errmsg, CKPT_E_CORRUPT,
+				       "%s/%s: bad shard file entry \"%.32s\"",
+				       r->dname, FMT_COMMIT_NAME, fe->name);
+		memcpy(f->name, fe->name, sizeof(f->name));
+		f->name[sizeof(f->name) - 1] = 0;
+		f->size = fe->size;
+		f->xxh3 = fe->xxh3;
+		f->host = h;
+		f->findex = fi;
+		f->path = eng_path("%s/%s", r->stepdir, f->name);
+		if (!f->path)
+			return eng_err(r->errmsg, -ENOMEM, "out of memory");
+		r->files_by_name[r->nfiles] = r->nfiles;
+		r->nfiles++;
+	}
+	if (r->nfiles > 1)
+		qsort_r(r->files_by_name, r->nfiles, sizeof(size_t),
+			cmp_file_name, r->files);
+	for (size_t i = 1; i < r->nfiles; i++)
+		if (strcmp(r->files[r->files_by_name[i]].name,
+			   r->files[r->files_by_name[i - 1]].name) == 0)
+			return eng_err(r->errmsg, CKPT_E_CORRUPT,
+				       "%s/%s: %s listed twice", r->dname,
+				       FMT_COMMIT_NAME,
+				       r->files[r->files_by_name[i]].name);
+	return 0;
+}
+
+CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
+			      uint64_t step, const ckpt_settings *s)
+{
+	ckpt_reader *r;
+	int rc;
+
+	if (out)
+		*out = NULL;
+	if (!out || !dir)
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_reader_open: out and dir are required");
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return eng_err(NULL, -ENOMEM, "out of memory");
+	r->qd = RD_DEFAULT_QD;
+	r->threads = 0;
+	if (s) {
+		r->flags = s->flags;
+		if (s->queue_depth)
+			r->qd = s->queue_depth;
+		r->threads = s->threads;
+	}
+	if (r->qd > RD_MAX_QD)
+		r->qd = RD_MAX_QD;
+	if (r->threads == 0)
+		r->threads = eng_ncpus();
+	if (r->threads > RD_MAX_THREADS)
+		r->threads = RD_MAX_THREADS;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv_work, NULL);
+	pthread_cond_init(&r->cv_done, NULL);
+	r->sync_init = 1;
+	r->root = strdup(dir);
+	if (!r->root) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	if (step == CKPT_LATEST) {
+		rc = eng_resolve_latest(dir, &step, r->errmsg);
+		if (rc < 0)
+			goto fail;
+	}
+	r->step = step;
+	fmt_step_dirname(step, r->dname);
+	r->stepdir = eng_path("%s/%s", dir, r->dname);
+	if (!r->stepdir) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	rc = rd_load_commit(r);
+	if (rc < 0)
+		goto fail;
+	r->nhosts = r->cm.host_count;
+	r->hosts = calloc(r->nhosts, sizeof(*r->hosts));
+	if (!r->hosts) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	rc = rd_build_files(r);
+	if (rc < 0)
+		goto fail;
+	for (size_t i = 0; i < r->cm.nfiles; i++) {
+		const fmt_file_entry *fe = &r->cm.files[i];
+
+		if (fe->host >= r->nhosts)
+			continue; /* rejected by the format module */
+		if (fe->kind == CKPT_FILE_INDEX)
+			r->hosts[fe->host].cm_index = fe;
+		else if (fe->kind == CKPT_FILE_SHARD)
+			r->hosts[fe->host].cm_nshards++;
+	}
+	for (uint32_t h = 0; h < r->nhosts; h++) {
+		rc = rd_load_host(r, h);
+		if (rc < 0)
+			goto fail;
+	}
+	for (size_t i = 0; i < r->nfiles; i++) {
+		if (!r->files[i].mapped) {
+			rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+				     "%s/%s: lists %s, which no index names",
+				     r->dname, FMT_COMMIT_NAME,
+				     r->files[i].name);
+			goto fail;
+		}
+	}
+	rc = rd_merge(r);
+	if (rc < 0)
+		goto fail;
+	rd_stats(r);
+	r->errmsg[0] = 0;
+	*out = r;
+	return 0;
+fail:
+	/* the thread-local message must survive the close */
+	eng_err(NULL, rc, "%s", r->errmsg);
+	ckpt_reader_close(r);
+	return rc;
+}
+
+CKPT_API void ckpt_reader_close(ckpt_reader *r)
+{
+	if (!r)
+		return;
+	rd_stop_workers(r);
+	if (r->ring_state == 1 || r->ring_state == -2)
+		io_uring_queue_exit(&r->ring);
+	rd_free_bufs(r);
+	free(r->cache);
+	for (size_t i = 0; i < r->nfiles; i++) {
+		if (r->files[i].fd >= 0)
+			eng_close(r->files[i].fd);
+		free(r->files[i].path);
+	}
+	free(r->files);
+	free(r->files_by_name);
+	if (r->hosts) {
+		for (uint32_t h = 0; h < r->nhosts; h++) {
+			fmt_index_free(&r->hosts[h].ix);
+			free(r->hosts[h].file_of);
+			free(r->hosts[h].by_stream);
+			free(r->hosts[h].gidx);
+		}
+		free(r->hosts);
+	}
+	free(r->tensors);
+	free(r->pieces);
+	if (r->cm_loaded)
+		fmt_commit_free(&r->cm);
+	if (r->sync_init) {
+		pthread_mutex_destroy(&r->mu);
+		pthread_cond_destroy(&r->cv_work);
+		pthread_cond_destroy(&r->cv_done);
+	}
+	free(r->root);
+	free(r->stepdir);
+	free(r);
+}
+
+CKPT_API const char *ckpt_reader_errmsg(const ckpt_reader *r)
+{
+	return r ? r->errmsg : eng_tls_errmsg();
+}
+
+/* ------------------------------------------------------------------ */
+/* Accessors                                                          */
+/* ------------------------------------------------------------------ */
+
+CKPT_API uint64_t ckpt_reader_step(const ckpt_reader *r)
+{
+	return r ? r->step : 0;
+}
+
+CKPT_API uint32_t ckpt_reader_host_count(const ckpt_reader *r)
+{
+	return r ? r->nhosts : 0;
+}
+
+CKPT_API int64_t ckpt_reader_commit_time(const ckpt_reader *r)
+{
+	return r ? r->cm.commit_unix_ns : 0;
+}
+
+CKPT_API size_t ckpt_reader_tensor_count(const ckpt_reader *r)
+{
+	return r ? r->ntensors : 0;
+}
+
+CKPT_API int ckpt_reader_tensor(const ckpt_reader *r, size_t i,
+				ckpt_tensor_info *out)
+{
+	const struct rd_tensor *t;
+
+	if (!r || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_tensor: NULL argument");
+	if (i >= r->ntensors)
+		return eng_err((char *)r->errmsg, -EINVAL,
+			       "tensor index %zu out of range (%zu tensors)", i,
+			       r->ntensors);
+	t = &r->tensors[i];
+	memset(out, 0, sizeof(*out));
+	out->name = t->name;
+	out->dtype = t->dtype;
+	out->ndim = t->ndim;
+	out->shape = t->shape;
+	out->nbytes = t->nbytes;
+	out->slice_count = t->npieces;
+	out->stored_bytes = t->stored_bytes;
+	return 0;
+}
+
+CKPT_API int ckpt_reader_find(const ckpt_reader *r, const char *name,
+			      size_t *index)
+{
+	size_t i;
+
+	if (!r || !name)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_find: NULL argument");
+	if (rd_find(r, name, &i) < 0)
+		return eng_err((char *)r->errmsg, CKPT_E_NOTFOUND,
+			       "no tensor \"%s\" in %s", name, r->dname);
+	if (index)
+		*index = i;
+	return 0;
+}
+
+CKPT_API int ckpt_reader_slice(const ckpt_reader *r, size_t tensor,
+			       uint32_t j, ckpt_slice_info *out)
+{
+	const struct rd_piece *p;
+
+	if (!r || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_slice: NULL argument");
+	if (tensor >= r->ntensors || j >= r->tensors[tensor].npieces)
+		return eng_err((char *)r->errmsg, -EINVAL,
+			       "slice %u of tensor %zu out of range", j, tensor);
+	p = &r->pieces[r->tensors[tensor].first + j];
+	memset(out, 0, sizeof(*out));
+	out->host = p->host;
+	out->offset = p->te->offset;
+	out->extent = p->te->extent;
+	out->nbytes = p->te->nbytes;
+	return 0;
+}
+
+CKPT_API size_t ckpt_reader_file_count(const ckpt_reader *r)
+{
+	return r ? r->cm.nfiles + 1 : 0;
+}
+
+CKPT_API int ckpt_reader_file(const ckpt_reader *r, size_t i,
+			      ckpt_file_info *out)
+{
+	if (!r || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_file: NULL argument");
+	if (i > r->cm.nfiles)
+		return eng_err((char *)r->errmsg, -EINVAL,
+			       "file index %zu out of range (%zu files)", i,
+			       r->cm.nfiles + 1);
+	memset(out, 0, sizeof(*out));
+	if (i == r->cm.nfiles) {
+		out->name = FMT_COMMIT_NAME;
+		out->size = r->commit_size;
+		out->xxh3 = r->commit_xxh3;
+		out->host = 0;
+		out->kind = CKPT_FILE_COMMIT;
+		return 0;
+	}
+	out->name = r->cm.files[i].name;
+	out->size = r->cm.files[i].size;
+	out->xxh3 = r->cm.files[i].xxh3;
+	out->host = r->cm.files[i].host;
+	out->kind = r->cm.files[i].kind;
+	return 0;
+}
+
+CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out)
+{
+	if (!r || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_stats: NULL argument");
+	*out = r->stats;
+	return 0;
+}
