@@ -133,6 +133,16 @@ void fmt_index_name(uint32_t host, char out[32])
 
 /* ---- validation helpers ---- */
 
+int fmt_tensor_name_cmp(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
+{
+	size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
+	int c = memcmp(a->name, b->name, n);
+
+	if (c)
+		return c;
+	return a->name_len < b->name_len ? -1 : a->name_len > b->name_len;
+}
+
 int fmt_name_valid(const char *str, size_t n)
 {
 	const uint8_t *s = (const uint8_t *)str;

@@ -118,14 +118,8 @@ static int cmp_u64pair(const void *a, const void *b)
 
 static int cmp_tensor_name(const void *a, const void *b)
 {
-	const fmt_tensor_entry *x = *(const fmt_tensor_entry *const *)a;
-	const fmt_tensor_entry *y = *(const fmt_tensor_entry *const *)b;
-	size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
-	int c = memcmp(x->name, y->name, n);
-
-	if (c)
-		return c;
-	return x->name_len < y->name_len ? -1 : x->name_len > y->name_len;
+	return fmt_tensor_name_cmp(*(const fmt_tensor_entry *const *)a,
+				   *(const fmt_tensor_entry *const *)b);
 }
 
 static int get_dims(fmt_jrd *r, json_t *t, const char *key, uint64_t *dims,
