@@ -24,105 +24,6 @@
 
 #include "save_internal.h"
 
-/* One stored slice, for the cross-host consistency checks. */
-typedef struct slice_ref {
-	const fmt_tensor_entry *t;
-	uint32_t host;
-} slice_ref;
-
-static int cmp_slice(const void *a, const void *b)
-{
-	const slice_ref *x = a, *y = b;
-	size_t n = x->t->name_len < y->t->name_len ? x->t->name_len :
-						     y->t->name_len;
-	int r = memcmp(x->t->name, y->t->name, n);
-
-	if (r)
-		return r;
-	if (x->t->name_len != y->t->name_len)
-		return x->t->name_len < y->t->name_len ? -1 : 1;
-	if (x->t->ndim == 0 || y->t->ndim == 0)
-		return 0;
-	if (x->t->offset[0] != y->t->offset[0])
-		return x->t->offset[0] < y->t->offset[0] ? -1 : 1;
-	return 0;
-}
-
-static int same_name(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
-{
-	return a->name_len == b->name_len &&
-	       memcmp(a->name, b->name, a->name_len) == 0;
-}
-
-static int empty_box(const fmt_tensor_entry *t)
-{
-	uint32_t d;
-
-	for (d = 0; d < t->ndim; d++)
-		if (t->extent[d] == 0)
-			return 1;
-	return 0;
-}
-
-static int boxes_overlap(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
-{
-	uint32_t d;
-
-	if (empty_box(a) || empty_box(b))
-		return 0;
-	for (d = 0; d < a->ndim; d++)
-		if (a->offset[d] >= b->offset[d] + b->extent[d] ||
-		    b->offset[d] >= a->offset[d] + a->extent[d])
-			return 0;
-	return 1;
-}
-
-/*
- * Slices of one name must agree on dtype and global shape and must not
- * overlap. Sorted by (name, offset[0]), overlap candidates are the
- * following slices starting before this one's dim-0 end.
- */
-static int check_slices(slice_ref *v, size_t n, uint64_t *distinct,
-			char *errbuf)
-{
-	size_t i, j, g = 0;
-
-	qsort(v, n, sizeof(*v), cmp_slice);
-	*distinct = 0;
-	for (i = 0; i < n; i++) {
-		const fmt_tensor_entry *a = v[i].t;
-
-		if (i == 0 || !same_name(v[g].t, a)) {
-			g = i;
-			(*distinct)++;
-		} else {
-			const fmt_tensor_entry *f = v[g].t;
-
-			if (f->dtype != a->dtype || f->ndim != a->ndim ||
-			    memcmp(f->shape, a->shape,
-				   a->ndim * sizeof(a->shape[0])))
-				return eng_err(errbuf, CKPT_E_MISMATCH,
-					       "tensor \"%.200s\": host %u and "
-					       "host %u disagree on dtype or "
-					       "global shape",
-					       a->name, v[g].host, v[i].host);
-		}
-		for (j = i + 1; j < n && same_name(v[j].t, a); j++) {
-			const fmt_tensor_entry *b = v[j].t;
-
-			if (a->ndim > 0 && b->ndim == a->ndim &&
-			    b->offset[0] >= a->offset[0] + a->extent[0])
-				break;
-			if (b->ndim == a->ndim && boxes_overlap(a, b))
-				return eng_err(errbuf, CKPT_E_MISMATCH,
-					       "tensor \"%.200s\": slices of "
-					       "host %u and host %u overlap",
-					       a->name, v[i].host, v[j].host);
-		}
-	}
-	return 0;
-}
-
 /*
  * Serializes writers of `latest` with the removal of stray temporary files
  * in the root (ckpt_gc), across threads and processes: flock on the root
@@ -152,7 +53,7 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 	fmt_index *ix = NULL;
 	fmt_commit cm;
 	fmt_file_entry *files = NULL;
-	slice_ref *slices = NULL;
+	fmt_slice *slices = NULL;
 	size_t nfiles = 0, nslices = 0, h_loaded = 0, i;
 	uint8_t *buf = NULL, *out = NULL;
 	size_t len = 0, out_len = 0;
@@ -305,9 +206,12 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 			cm.raw_bytes += ix[h].tensors[i].nbytes;
 			nslices++;
 		}
-	r = check_slices(slices, nslices, &cm.tensor_count, errbuf);
-	if (r < 0)
+	r = fmt_slices_check(slices, nslices, &cm.tensor_count, err,
+			     sizeof(err));
+	if (r < 0) {
+		r = eng_err(errbuf, r, "%s", err);
 		goto out;
+	}
 
 	cm.step = step;
 	cm.host_count = host_count;

@@ -251,6 +251,29 @@ int fmt_index_decode(const uint8_t *file, size_t file_len, fmt_index *ix,
 		     char *err, size_t errlen);
 void fmt_index_free(fmt_index *ix); /* frees members, not ix itself */
 
+/* ---- slices of one tensor across hosts ---- */
+/* One slice of a global tensor as stored by one host. */
+typedef struct fmt_slice {
+	const fmt_tensor_entry *t;
+	uint32_t host;
+} fmt_slice;
+
+/*
+ * Checks the rule that ties the indexes of a step together (SPEC.md
+ * section 10): slices with one name agree on dtype, ndim and global shape,
+ * lie inside that shape, and no two of them share an element (a slice
+ * with an empty extent holds none; two slices of a scalar overlap).
+ * v[0..n) holds the slices of one name or of every name of every host;
+ * each host lists a name at most once (fmt_index_decode checks that).
+ * Reorders v: by name, and within a name by position. Sets *distinct (if
+ * not NULL) to the number of distinct names. O(n log n) for the usual
+ * shardings, allocates nothing. Returns 0, CKPT_E_MISMATCH (disagreement
+ * or overlap; the message names the tensor and both hosts),
+ * CKPT_E_CORRUPT (a slice outside its shape) or -EINVAL (NULL entries).
+ */
+int fmt_slices_check(fmt_slice *v, size_t n, uint64_t *distinct, char *err,
+		     size_t errlen);
+
 /* ---- commit record ---- */
 typedef struct fmt_commit {
 	uint64_t step;

@@ -18,16 +18,14 @@
 #include <xxhash.h>
 
 #include "fmt.h"
+#include "fmt_internal.h"
 
 static const uint8_t shard_magic[8] = { 'C', 'K', 'P', 'T', 'S', 'H', 'R', 'D' };
 static const uint8_t chunk_magic[4] = { 'C', 'K', 'C', 'H' };
 
 /* ---- errors ---- */
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+int fmt_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -134,6 +132,16 @@ void fmt_index_name(uint32_t host, char out[32])
 }
 
 /* ---- validation helpers ---- */
+
+int fmt_tensor_name_cmp(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
+{
+	size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
+	int c = memcmp(a->name, b->name, n);
+
+	if (c)
+		return c;
+	return a->name_len < b->name_len ? -1 : a->name_len > b->name_len;
+}
 
 int fmt_name_valid(const char *str, size_t n)
 {
@@ -301,34 +309,38 @@ int fmt_shard_hdr_decode(const uint8_t *in, size_t n, fmt_shard_hdr *h,
 	size_t bad;
 
 	if (!in || n < FMT_SHARD_HDR_SIZE)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: %zu bytes, need %u", in ? n : 0,
-			    FMT_SHARD_HDR_SIZE);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: %zu bytes, need %u", in ? n : 0,
+				FMT_SHARD_HDR_SIZE);
 	if (memcmp(in, shard_magic, 8) != 0)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: bad magic (not a ckpt shard file)");
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"shard header: bad magic (not a ckpt shard file)");
 	version = fmt_get_u32(in + 8);
 	if (version > FMT_VERSION)
-		return fail(err, errlen, CKPT_E_VERSION,
-			    "shard header: format version %u, this library "
-			    "reads version %u", version, FMT_VERSION);
+		return fmt_fail(err, errlen, CKPT_E_VERSION,
+				"shard header: format version %u, this library "
+				"reads version %u",
+				version, FMT_VERSION);
 	if (version != FMT_VERSION)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: bad format version %u", version);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: bad format version %u", version);
 	if (fmt_get_hash(in + 56) != fmt_xxh3(in, 56))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: checksum mismatch");
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: checksum mismatch");
 	hsize = fmt_get_u32(in + 12);
 	if (hsize != FMT_SHARD_HDR_SIZE)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: header_size %u, expected %u", hsize,
-			    FMT_SHARD_HDR_SIZE);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: header_size %u, expected %u",
+				hsize, FMT_SHARD_HDR_SIZE);
 	if (fmt_get_u32(in + 52) != 0)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: reserved field at byte 52 not zero");
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"shard header: reserved field at byte 52 not zero");
 	if (!all_zero(in + 64, FMT_SHARD_HDR_SIZE - 64, &bad))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: padding byte %zu not zero", 64 + bad);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: padding byte %zu not zero",
+				64 + bad);
 	h->step = fmt_get_u64(in + 16);
 	memcpy(h->save_id, in + 24, 16);
 	h->host_index = fmt_get_u32(in + 40);
@@ -336,17 +348,17 @@ int fmt_shard_hdr_decode(const uint8_t *in, size_t n, fmt_shard_hdr *h,
 	h->file_index = fmt_get_u32(in + 48);
 	if (h->host_count == 0 || h->host_count > FMT_MAX_HOSTS ||
 	    h->host_index >= h->host_count)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: host %u of %u out of range",
-			    h->host_index, h->host_count);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: host %u of %u out of range",
+				h->host_index, h->host_count);
 	if (h->file_index >= FMT_MAX_FILES_PER_HOST)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: file index %u out of range",
-			    h->file_index);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: file index %u out of range",
+				h->file_index);
 	if (h->step > (uint64_t)INT64_MAX)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "shard header: step %llu out of range",
-			    (unsigned long long)h->step);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"shard header: step %llu out of range",
+				(unsigned long long)h->step);
 	return 0;
 }
 
@@ -381,18 +393,18 @@ int fmt_chunk_hdr_decode(const uint8_t *in, size_t n, fmt_chunk_hdr *h,
 	size_t bad;
 
 	if (!in || n < FMT_CHUNK_HDR_SIZE)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: %zu bytes, need %u", in ? n : 0,
-			    FMT_CHUNK_HDR_SIZE);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: %zu bytes, need %u", in ? n : 0,
+				FMT_CHUNK_HDR_SIZE);
 	if (memcmp(in, chunk_magic, 4) != 0)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: bad magic");
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: bad magic");
 	if (fmt_get_hash(in + 56) != fmt_xxh3(in, 56))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: checksum mismatch");
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: checksum mismatch");
 	if (fmt_get_u16(in + 6) != 0 || !all_zero(in + 32, 24, &bad))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: reserved bytes not zero");
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: reserved bytes not zero");
 	h->codec = in[4];
 	h->elem_width = in[5];
 	h->raw_len = fmt_get_u32(in + 8);
@@ -400,29 +412,33 @@ int fmt_chunk_hdr_decode(const uint8_t *in, size_t n, fmt_chunk_hdr *h,
 	h->stream_offset = fmt_get_u64(in + 16);
 	h->raw_xxh3 = fmt_get_hash(in + 24);
 	if (h->codec >= CKPT_CODEC_COUNT)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: unknown codec %u", h->codec);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: unknown codec %u", h->codec);
 	if (!width_valid(h->elem_width) ||
 	    (h->codec == CKPT_CODEC_FLOAT && h->elem_width == 1))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: bad element width %u for codec %s",
-			    h->elem_width, ckpt_codec_name(h->codec));
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"chunk header: bad element width %u for codec %s",
+			h->elem_width, ckpt_codec_name(h->codec));
 	if (h->raw_len < 1 || h->raw_len > FMT_MAX_CHUNK)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: raw_len %u out of range [1, %u]",
-			    h->raw_len, FMT_MAX_CHUNK);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: raw_len %u out of range [1, %u]",
+				h->raw_len, FMT_MAX_CHUNK);
 	if (h->stored_len < 1 || h->stored_len > fmt_codec_bound(h->raw_len))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: stored_len %u out of range for "
-			    "raw_len %u", h->stored_len, h->raw_len);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: stored_len %u out of range for "
+				"raw_len %u",
+				h->stored_len, h->raw_len);
 	if (h->codec == CKPT_CODEC_NONE && h->stored_len != h->raw_len)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: codec none with stored_len %u != "
-			    "raw_len %u", h->stored_len, h->raw_len);
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"chunk header: codec none with stored_len %u != "
+			"raw_len %u",
+			h->stored_len, h->raw_len);
 	if (h->stream_offset > (uint64_t)INT64_MAX ||
 	    h->stream_offset + h->raw_len > (uint64_t)INT64_MAX)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk header: stream_offset %llu out of range",
-			    (unsigned long long)h->stream_offset);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk header: stream_offset %llu out of range",
+				(unsigned long long)h->stream_offset);
 	return 0;
 }

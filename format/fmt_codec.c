@@ -43,6 +43,7 @@
 
 #include "fmt.h"
 #include "fmt_huf.h"
+#include "fmt_internal.h"
 
 #define SAMPLE_BYTES (16u * 1024u)
 /* A plane is compressed only if the sample shrinks below this fraction
@@ -60,21 +61,6 @@ struct fmt_codec_ctx {
 	size_t sample_cap;
 	uint32_t *huf_pairs;    /* FMT_HUF_PAIRS, Huffman encoder scratch */
 };
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 fmt_codec_ctx *fmt_codec_ctx_new(void)
 {
@@ -605,26 +591,26 @@ static int zstd_exact(fmt_codec_ctx *c, const uint8_t *src, size_t len,
 
 	fsize = ZSTD_findFrameCompressedSize(src, len);
 	if (ZSTD_isError(fsize) || fsize != len)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "%s: not exactly one zstd frame of %zu bytes",
-			    what, len);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"%s: not exactly one zstd frame of %zu bytes",
+				what, len);
 	csize = ZSTD_getFrameContentSize(src, len);
 	if (csize == ZSTD_CONTENTSIZE_UNKNOWN ||
 	    csize == ZSTD_CONTENTSIZE_ERROR || csize != n)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "%s: zstd frame does not declare %zu bytes", what,
-			    n);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"%s: zstd frame does not declare %zu bytes",
+				what, n);
 	r = ZSTD_decompressDCtx(c->dctx, dst, n, src, len);
 	if (ZSTD_isError(r)) {
 		if (ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
 			return -ENOMEM;
-		return fail(err, errlen, CKPT_E_CORRUPT, "%s: zstd: %s", what,
-			    ZSTD_getErrorName(r));
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT, "%s: zstd: %s",
+				what, ZSTD_getErrorName(r));
 	}
 	if (r != n)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "%s: zstd frame gave %zu bytes, expected %zu", what,
-			    r, n);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"%s: zstd frame gave %zu bytes, expected %zu",
+				what, r, n);
 	return 0;
 }
 
@@ -640,13 +626,16 @@ static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
 	int rc;
 
 	if (len < FLOAT_HDR(w))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "float payload: %zu bytes, shorter than its header",
-			    len);
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"float payload: %zu bytes, shorter than its header",
+			len);
 	if (in[0] != w || in[1] != w)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "float payload: width %u / %u planes, chunk header "
-			    "says %u", in[0], in[1], w);
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"float payload: width %u / %u planes, chunk header "
+			"says %u",
+			in[0], in[1], w);
 	need = pos + tail;
 	for (unsigned j = 0; j < w; j++) {
 		modes[j] = in[2 + 5 * j];
@@ -654,20 +643,22 @@ static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
 		if (modes[j] > 2 || (modes[j] == 0 && lens[j] != n) ||
 		    (modes[j] == 1 && lens[j] == 0) ||
 		    (modes[j] == 2 && lens[j] < FMT_HUF_HDR))
-			return fail(err, errlen, CKPT_E_CORRUPT,
-				    "float payload: plane %u: mode %u with "
-				    "%zu bytes for %zu elements", j, modes[j],
-				    lens[j], n);
+			return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+					"float payload: plane %u: mode %u with "
+					"%zu bytes for %zu elements",
+					j, modes[j], lens[j], n);
 		if (lens[j] > len || need > len - lens[j])
-			return fail(err, errlen, CKPT_E_CORRUPT,
-				    "float payload: plane %u: lengths exceed "
-				    "the %zu-byte payload", j, len);
+			return fmt_fail(
+				err, errlen, CKPT_E_CORRUPT,
+				"float payload: plane %u: lengths exceed "
+				"the %zu-byte payload",
+				j, len);
 		need += lens[j];
 	}
 	if (need != len)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "float payload: %zu bytes, layout needs %zu", len,
-			    need);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"float payload: %zu bytes, layout needs %zu",
+				len, need);
 	rc = scratch_reserve(c, n * w);
 	if (rc)
 		return rc;
@@ -705,18 +696,22 @@ int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
 	if (!c || !stored || !raw)
 		return -EINVAL;
 	if (raw_len < 1 || raw_len > FMT_MAX_CHUNK)
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk: raw_len %zu out of range", raw_len);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk: raw_len %zu out of range", raw_len);
 	if (stored_len < 1 || stored_len > fmt_codec_bound(raw_len))
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk: stored_len %zu out of range for raw_len "
-			    "%zu", stored_len, raw_len);
+		return fmt_fail(
+			err, errlen, CKPT_E_CORRUPT,
+			"chunk: stored_len %zu out of range for raw_len "
+			"%zu",
+			stored_len, raw_len);
 	switch (codec) {
 	case CKPT_CODEC_NONE:
 		if (stored_len != raw_len)
-			return fail(err, errlen, CKPT_E_CORRUPT,
-				    "chunk: codec none with stored_len %zu != "
-				    "raw_len %zu", stored_len, raw_len);
+			return fmt_fail(
+				err, errlen, CKPT_E_CORRUPT,
+				"chunk: codec none with stored_len %zu != "
+				"raw_len %zu",
+				stored_len, raw_len);
 		memcpy(raw, stored, raw_len);
 		return 0;
 	case CKPT_CODEC_ZSTD:
@@ -724,13 +719,14 @@ int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
 				  "zstd payload", err, errlen);
 	case CKPT_CODEC_FLOAT:
 		if (elem_width != 2 && elem_width != 4 && elem_width != 8)
-			return fail(err, errlen, CKPT_E_CORRUPT,
-				    "chunk: codec float with element width %d",
-				    elem_width);
+			return fmt_fail(
+				err, errlen, CKPT_E_CORRUPT,
+				"chunk: codec float with element width %d",
+				elem_width);
 		return decode_float(c, (unsigned)elem_width, stored, stored_len,
 				    raw, raw_len, err, errlen);
 	default:
-		return fail(err, errlen, CKPT_E_CORRUPT,
-			    "chunk: unknown codec %d", codec);
+		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
+				"chunk: unknown codec %d", codec);
 	}
 }

@@ -1893,6 +1893,354 @@ START_TEST(test_commit_hostile)
 }
 END_TEST
 
+/* ---- slices across hosts (fmt_slices_check) ---- */
+
+/* A slice of tensor `name` stored by some host: ndim dims given as
+ * shape/offset/extent triples in `dims` (3 * ndim values). */
+static fmt_tensor_entry slice_of(const char *name, int dtype, uint32_t ndim,
+				 const uint64_t *dims)
+{
+	fmt_tensor_entry t;
+
+	memset(&t, 0, sizeof(t));
+	t.name = (char *)name;
+	t.name_len = strlen(name);
+	t.dtype = dtype;
+	t.ndim = ndim;
+	for (uint32_t d = 0; d < ndim; d++) {
+		t.shape[d] = dims[3 * d];
+		t.offset[d] = dims[3 * d + 1];
+		t.extent[d] = dims[3 * d + 2];
+	}
+	return t;
+}
+
+/* Checks the n slices t[0..n) stored by hosts 0..n-1; returns the code,
+ * the message in err and the distinct count in *distinct. */
+static int check_slices(const fmt_tensor_entry *t, size_t n,
+			uint64_t *distinct, char *err, size_t errlen)
+{
+	fmt_slice *v = calloc(n ? n : 1, sizeof(*v));
+	int rc;
+
+	ck_assert_ptr_nonnull(v);
+	for (size_t i = 0; i < n; i++) {
+		v[i].t = &t[i];
+		v[i].host = (uint32_t)i;
+	}
+	err[0] = 0;
+	rc = fmt_slices_check(v, n, distinct, err, errlen);
+	free(v);
+	return rc;
+}
+
+START_TEST(test_slices_overlap)
+{
+	/* rows [0,4) and [3,8) of an 8x8 tensor */
+	const uint64_t rows[2][6] = { { 8, 0, 4, 8, 0, 8 },
+				      { 8, 3, 5, 8, 0, 8 } };
+	/* columns [0,5) and [4,8): the offsets differ only in dim 1 */
+	const uint64_t cols[2][6] = { { 8, 0, 8, 8, 0, 5 },
+				      { 8, 0, 8, 8, 4, 4 } };
+	/* a 2x2 grid of 4x4 blocks, and a 2x2 block over its centre */
+	const uint64_t grid[5][6] = {
+		{ 8, 0, 4, 8, 0, 4 }, { 8, 0, 4, 8, 4, 4 },
+		{ 8, 4, 4, 8, 0, 4 }, { 8, 4, 4, 8, 4, 4 },
+		{ 8, 3, 2, 8, 3, 2 },
+	};
+	fmt_tensor_entry t[5];
+	char err[512];
+	uint64_t distinct;
+
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("layers.0.w", CKPT_BF16, 2, rows[i]);
+	ck_assert_int_eq(check_slices(t, 2, &distinct, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "\"layers.0.w\"") &&
+			      strstr(err, "host 0 and host 1") &&
+			      strstr(err, "overlap"),
+		      "%s", err);
+	ck_assert_uint_eq(distinct, 0);
+
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("c", CKPT_F32, 2, cols[i]);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "\"c\"") && strstr(err, "host 0 and host 1"),
+		      "%s", err);
+
+	for (int i = 0; i < 5; i++)
+		t[i] = slice_of("g", CKPT_F32, 2, grid[i]);
+	ck_assert_int_eq(check_slices(t, 4, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 1);
+	ck_assert_int_eq(check_slices(t, 5, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	/* the centre block (host 4) meets host 0's block first */
+	ck_assert_msg(strstr(err, "host 0 and host 4"), "%s", err);
+	/* one element in common is enough: a 1x1 slice at the corner */
+	const uint64_t corner[6] = { 8, 3, 1, 8, 3, 1 };
+	t[1] = slice_of("g", CKPT_F32, 2, corner);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+}
+END_TEST
+
+START_TEST(test_slices_touching)
+{
+	/* rows, columns and a 2x2 grid that share edges but no element,
+	 * and slices that overlap in dim 0 but only touch in dim 1 */
+	const uint64_t rows[2][6] = { { 8, 0, 4, 8, 0, 8 },
+				      { 8, 4, 4, 8, 0, 8 } };
+	const uint64_t cols[2][6] = { { 8, 0, 8, 8, 0, 4 },
+				      { 8, 0, 8, 8, 4, 4 } };
+	const uint64_t grid[4][6] = {
+		{ 8, 0, 4, 8, 0, 4 }, { 8, 0, 4, 8, 4, 4 },
+		{ 8, 4, 4, 8, 0, 4 }, { 8, 4, 4, 8, 4, 4 },
+	};
+	const uint64_t stagger[2][6] = { { 8, 0, 6, 8, 0, 3 },
+					 { 8, 2, 6, 8, 3, 5 } };
+	const uint64_t stagger2[2][6] = { { 8, 0, 6, 8, 3, 5 },
+					  { 8, 2, 6, 8, 0, 3 } };
+	fmt_tensor_entry t[4];
+	char err[512];
+	uint64_t distinct = 99;
+
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("r", CKPT_F16, 2, rows[i]);
+	ck_assert_int_eq(check_slices(t, 2, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 1);
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("c", CKPT_F16, 2, cols[i]);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)), 0);
+	for (int i = 0; i < 4; i++)
+		t[i] = slice_of("g", CKPT_F16, 2, grid[i]);
+	ck_assert_int_eq(check_slices(t, 4, NULL, err, sizeof(err)), 0);
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("s", CKPT_F16, 2, stagger[i]);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)), 0);
+	for (int i = 0; i < 2; i++)
+		t[i] = slice_of("s", CKPT_F16, 2, stagger2[i]);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)), 0);
+	/* nothing at all */
+	ck_assert_int_eq(check_slices(t, 0, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 0);
+}
+END_TEST
+
+START_TEST(test_slices_disagree)
+{
+	const uint64_t a[6] = { 8, 0, 4, 8, 0, 8 };
+	const uint64_t b[6] = { 8, 4, 4, 8, 0, 8 };
+	const uint64_t b_wide[6] = { 8, 4, 4, 9, 0, 8 };
+	const uint64_t b_3d[9] = { 8, 4, 4, 8, 0, 8, 1, 0, 1 };
+	fmt_tensor_entry t[3];
+	char err[512];
+
+	/* dtype */
+	t[0] = slice_of("w", CKPT_BF16, 2, a);
+	t[1] = slice_of("w", CKPT_F32, 2, b);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "\"w\"") && strstr(err, "host 0") &&
+			      strstr(err, "host 1") &&
+			      strstr(err, "bf16[8,8]") &&
+			      strstr(err, "f32[8,8]"),
+		      "%s", err);
+	/* global shape */
+	t[1] = slice_of("w", CKPT_BF16, 2, b_wide);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "bf16[8,9]"), "%s", err);
+	/* ndim, with the odd one last: host 2 */
+	t[1] = slice_of("w", CKPT_BF16, 2, b);
+	t[2] = slice_of("w", CKPT_BF16, 3, b_3d);
+	ck_assert_int_eq(check_slices(t, 3, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "host 0") && strstr(err, "host 2") &&
+			      strstr(err, "bf16[8,8,1]"),
+		      "%s", err);
+	/* a same-shaped tensor of another name is no concern */
+	t[2] = slice_of("w2", CKPT_F32, 2, a);
+	ck_assert_int_eq(check_slices(t, 3, NULL, err, sizeof(err)), 0);
+}
+END_TEST
+
+START_TEST(test_slices_bounds)
+{
+	const uint64_t ok[6] = { 8, 0, 4, 8, 0, 8 };
+	const uint64_t past[6] = { 8, 4, 5, 8, 0, 8 };
+	const uint64_t huge[6] = { 8, 4, UINT64_MAX, 8, 0, 8 };
+	fmt_tensor_entry t[2];
+	fmt_slice v[2];
+	char err[512];
+
+	t[0] = slice_of("w", CKPT_U8, 2, ok);
+	t[1] = slice_of("w", CKPT_U8, 2, past);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_CORRUPT);
+	ck_assert_msg(strstr(err, "\"w\"") && strstr(err, "host 1"), "%s",
+		      err);
+	/* offset + extent would wrap: still outside, never "no overlap" */
+	t[1] = slice_of("w", CKPT_U8, 2, huge);
+	ck_assert_int_eq(check_slices(t, 2, NULL, err, sizeof(err)),
+			 CKPT_E_CORRUPT);
+	/* a lone slice is checked too */
+	ck_assert_int_eq(check_slices(&t[1], 1, NULL, err, sizeof(err)),
+			 CKPT_E_CORRUPT);
+	/* NULL entries, NULL error buffer */
+	ck_assert_int_eq(fmt_slices_check(NULL, 1, NULL, NULL, 0), -EINVAL);
+	v[0].t = &t[0];
+	v[0].host = 0;
+	v[1].t = NULL;
+	v[1].host = 1;
+	ck_assert_int_eq(fmt_slices_check(v, 2, NULL, NULL, 0), -EINVAL);
+	v[1].t = &t[1];
+	ck_assert_int_eq(fmt_slices_check(v, 2, NULL, NULL, 0),
+			 CKPT_E_CORRUPT);
+}
+END_TEST
+
+START_TEST(test_slices_scalars)
+{
+	fmt_tensor_entry t[3];
+	char err[512];
+	uint64_t distinct;
+
+	t[0] = slice_of("step", CKPT_I64, 0, NULL);
+	t[1] = slice_of("lr", CKPT_F32, 0, NULL);
+	t[2] = slice_of("seed", CKPT_U64, 0, NULL);
+	ck_assert_int_eq(check_slices(t, 3, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 3);
+	/* two hosts storing one scalar both store its one element */
+	t[2] = slice_of("step", CKPT_I64, 0, NULL);
+	ck_assert_int_eq(check_slices(t, 3, &distinct, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "\"step\"") &&
+			      strstr(err, "host 0 and host 2"),
+		      "%s", err);
+	/* a scalar against a 1-element vector of the same name */
+	const uint64_t one[3] = { 1, 0, 1 };
+	t[2] = slice_of("step", CKPT_I64, 1, one);
+	ck_assert_int_eq(check_slices(t, 3, NULL, err, sizeof(err)),
+			 CKPT_E_MISMATCH);
+	ck_assert_msg(strstr(err, "i64[]") && strstr(err, "i64[1]"), "%s",
+		      err);
+}
+END_TEST
+
+START_TEST(test_slices_empty)
+{
+	/* empty slices hold no element: they overlap nothing, not even a
+	 * full slice or each other at the same place */
+	const uint64_t full[6] = { 8, 0, 8, 8, 0, 8 };
+	const uint64_t empty0[6] = { 8, 3, 0, 8, 0, 8 };
+	const uint64_t empty1[6] = { 8, 0, 8, 8, 5, 0 };
+	const uint64_t at_end[6] = { 8, 8, 0, 8, 0, 8 };
+	/* a tensor with no elements at all, stored by three hosts */
+	const uint64_t none[6] = { 0, 0, 0, 4, 0, 4 };
+	fmt_tensor_entry t[4];
+	char err[512];
+	uint64_t distinct;
+
+	t[0] = slice_of("w", CKPT_F32, 2, full);
+	t[1] = slice_of("w", CKPT_F32, 2, empty0);
+	t[2] = slice_of("w", CKPT_F32, 2, empty1);
+	t[3] = slice_of("w", CKPT_F32, 2, at_end);
+	ck_assert_int_eq(check_slices(t, 4, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 1);
+	t[0] = t[1];
+	ck_assert_int_eq(check_slices(t, 4, NULL, err, sizeof(err)), 0);
+	for (int i = 0; i < 3; i++)
+		t[i] = slice_of("e", CKPT_U8, 2, none);
+	ck_assert_int_eq(check_slices(t, 3, &distinct, err, sizeof(err)), 0);
+	ck_assert_uint_eq(distinct, 1);
+}
+END_TEST
+
+/*
+ * Many slices: NT tensors of NH slices each, sharded by rows (tensor k
+ * even) or by columns (k odd: the offsets differ only in dim 1, where a
+ * sweep along dim 0 alone would compare every pair), given in a shuffled
+ * order. Then one slice is moved by one row or column in each of a few
+ * places and the overlap must be found and attributed to the right hosts.
+ */
+#define SL_NT 64
+#define SL_NH 512
+START_TEST(test_slices_many)
+{
+	size_t n = (size_t)SL_NT * SL_NH;
+	fmt_tensor_entry *t = calloc(n, sizeof(*t));
+	fmt_slice *v = calloc(n, sizeof(*v));
+	char(*names)[16] = calloc(SL_NT, sizeof(*names));
+	char err[512], want[64];
+	uint64_t distinct;
+
+	ck_assert(t && v && names);
+	for (size_t k = 0; k < SL_NT; k++) {
+		snprintf(names[k], sizeof(names[k]), "t%03zu", k);
+		for (size_t h = 0; h < SL_NH; h++) {
+			uint64_t dims[6] = { 4 * SL_NH, 4 * h, 4,
+					     2 * SL_NH, 0, 2 * SL_NH };
+			fmt_tensor_entry *e = &t[k * SL_NH + h];
+
+			if (k % 2) {
+				dims[0] = 2 * SL_NH;
+				dims[1] = 0;
+				dims[2] = 2 * SL_NH;
+				dims[3] = 4 * SL_NH;
+				dims[4] = 4 * h;
+				dims[5] = 4;
+			}
+			*e = slice_of(names[k], CKPT_BF16, 2, dims);
+		}
+	}
+	for (int round = 0; round < 4; round++) {
+		/* round 0: all fine; then tensor k's slice of host h moves
+		 * one row/column back into host h-1's */
+		size_t k = (size_t)(round * 21) % SL_NT, h = 1 + 97 * round;
+		int d = (int)(k % 2);
+
+		if (round > 0)
+			t[k * SL_NH + h].offset[d] -= 1;
+		for (size_t i = 0; i < n; i++) {
+			v[i].t = &t[i];
+			v[i].host = (uint32_t)(i % SL_NH);
+		}
+		for (size_t i = n - 1; i > 0; i--) {
+			size_t j = (size_t)(rnd() % (i + 1));
+			fmt_slice x = v[i];
+
+			v[i] = v[j];
+			v[j] = x;
+		}
+		err[0] = 0;
+		if (round == 0) {
+			ck_assert_int_eq(fmt_slices_check(v, n, &distinct, err,
+							  sizeof(err)),
+					 0);
+			ck_assert_uint_eq(distinct, SL_NT);
+			/* every slice still there, grouped by name */
+			for (size_t i = 1; i < n; i++)
+				ck_assert(strcmp(v[i - 1].t->name,
+						 v[i].t->name) <= 0);
+			continue;
+		}
+		ck_assert_int_eq(fmt_slices_check(v, n, &distinct, err,
+						  sizeof(err)),
+				 CKPT_E_MISMATCH);
+		snprintf(want, sizeof(want), "\"%s\"", names[k]);
+		ck_assert_msg(strstr(err, want), "%s", err);
+		snprintf(want, sizeof(want), "host %zu and host %zu", h - 1,
+			 h);
+		ck_assert_msg(strstr(err, want), "round %d: %s", round, err);
+		t[k * SL_NH + h].offset[d] += 1;
+	}
+	free(t);
+	free(v);
+	free(names);
+}
+END_TEST
+
 static Suite *format_suite(void)
 {
 	Suite *s = suite_create("format");
@@ -1924,6 +2272,16 @@ static Suite *format_suite(void)
 	tcase_add_test(tc, test_index_future_version);
 	tcase_add_test(tc, test_commit_roundtrip);
 	tcase_add_loop_test(tc, test_commit_hostile, 0, N_HOSTILE_COMMIT);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("slices");
+	tcase_add_test(tc, test_slices_overlap);
+	tcase_add_test(tc, test_slices_touching);
+	tcase_add_test(tc, test_slices_disagree);
+	tcase_add_test(tc, test_slices_bounds);
+	tcase_add_test(tc, test_slices_scalars);
+	tcase_add_test(tc, test_slices_empty);
+	tcase_add_test(tc, test_slices_many);
 	suite_add_tcase(s, tc);
 	return s;
 }
