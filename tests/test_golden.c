@@ -1,9 +1,11 @@
 /*
- * test_golden.c - checkpoints of format v1 frozen in tests/golden/v1 must
- * keep loading, byte for byte, with every future version of the library.
+ * test_golden.c - checkpoints frozen in tests/golden must keep loading,
+ * byte for byte, with every future version of the library. See
+ * tests/golden/README for what each set holds and how it was made.
  *
  * The files were generated ONCE with
  *     build/tests/test_golden --generate /work/main/tests/golden/v1
+ *     build/tests/test_golden --generate-huffman tests/golden/v1-huffman
  * and committed. NEVER regenerate them: they freeze the format (a change
  * that breaks this test breaks every checkpoint users have on disk). The
  * tensor contents are a deterministic function of (step, name) and are
@@ -16,6 +18,10 @@
  *               2 shard files.
  *   v1/multi/   step 5: two hosts (float / zstd codec) with slices of global
  *               arrays split along dim 0 and dim 1, plus private tensors.
+ *   v1-huffman/ step 7: one host, float codec, bf16/f32/f64 tensors with
+ *               weight-like exponents, so that exponent planes are
+ *               Huffman-coded (plane mode 2); the test counts the plane
+ *               modes in the shard files' bytes to prove it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -76,7 +82,107 @@ static void multi_set(tu_set *set, uint32_t h)
 static const int single_codecs[3] = {CKPT_CODEC_NONE, CKPT_CODEC_ZSTD,
 				     CKPT_CODEC_FLOAT};
 
-/* ---- generator ---- */
+/* ---- the frozen content of v1-huffman ---- */
+
+/*
+ * Float tensors whose exponent planes are skewed like trained weights, so
+ * that the float codec codes them with Huffman (plane mode 2). The values
+ * are integer-exact: a centred sum of four 32-bit draws of a private
+ * splitmix64 (Irwin-Hall, close to normal) times a power of two. No libm,
+ * no testutil generator: the expected bytes can never drift with the
+ * machine, the C library or a change elsewhere in the tests.
+ */
+#define HUF_STEP 7
+
+static uint64_t huf_rng(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Standard deviation about 2^31.2 * scale. */
+static double huf_value(uint64_t *s, double scale)
+{
+	int64_t sum = -2 * (int64_t)UINT32_MAX;
+
+	for (int k = 0; k < 4; k++)
+		sum += (int64_t)(huf_rng(s) >> 32);
+	return (double)sum * scale;
+}
+
+static void huf_fill(tu_tensor *t, uint64_t seed, double scale)
+{
+	uint64_t n = t->nbytes / ckpt_dtype_size(t->dtype), s = seed;
+	uint8_t *p = t->data;
+
+	for (uint64_t i = 0; i < n; i++) {
+		double v = huf_value(&s, scale);
+		float f = (float)v;
+		uint32_t b;
+		uint16_t h;
+
+		switch (t->dtype) {
+		case CKPT_F64:
+			memcpy(p + 8 * i, &v, 8);
+			break;
+		case CKPT_F32:
+			memcpy(p + 4 * i, &f, 4);
+			break;
+		case CKPT_BF16: /* round to nearest even (no NaN here) */
+			memcpy(&b, &f, 4);
+			h = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+			memcpy(p + 2 * i, &h, 2);
+			break;
+		default: /* CKPT_U8 */
+			p[i] = (uint8_t)(huf_rng(&s) >> 56);
+		}
+	}
+}
+
+/*
+ * Stream (chunk 64 KiB): w.bf16 fills chunks 0-1 (elem_width 2), w.f32
+ * starts chunk 3 (elem_width 4), w.f64 starts chunk 4 (elem_width 8), and
+ * the 37 bytes of tail.u8 leave that last chunk 16421 bytes long: 5 tail
+ * bytes after its planes.
+ */
+static void huf_set(tu_set *set)
+{
+	static const struct {
+		const char *name;
+		int dtype;
+		uint64_t shape[2];
+		double scale;
+	} d[4] = {
+		{ "w.bf16", CKPT_BF16, { 256, 256 }, 0x1p-37 }, /* sd 0.018 */
+		{ "w.f32", CKPT_F32, { 96, 256 }, 0x1p-31 },    /* sd 1.2 */
+		{ "w.f64", CKPT_F64, { 48, 128 }, 0x1p-40 },    /* sd 0.002 */
+		{ "tail.u8", CKPT_U8, { 37, 1 }, 0 },
+	};
+
+	tu_set_init(set);
+	for (int k = 0; k < 4; k++) {
+		tu_tensor *t = tu_set_add_nofill(set, d[k].name, d[k].dtype,
+						 k == 3 ? 1 : 2, d[k].shape);
+
+		huf_fill(t, golden_seed(HUF_STEP, d[k].name), d[k].scale);
+	}
+}
+
+/* ---- generators ---- */
+
+/* Reports the outcome of a generator; the exit code. */
+static int generated(int rc, const char *out)
+{
+	if (rc)
+		fprintf(stderr, "generation failed: %d %s: %s\n", rc,
+			ckpt_strerror(rc), ckpt_errmsg(NULL));
+	else
+		fprintf(stderr, "golden checkpoints written to %s\n", out);
+	return rc ? 1 : 0;
+}
 
 static int generate(const char *out)
 {
@@ -139,35 +245,63 @@ static int generate(const char *out)
 		if (!rc)
 			rc = rc2;
 	}
-	if (rc)
-		fprintf(stderr, "generation failed: %d %s: %s\n", rc,
-			ckpt_strerror(rc), ckpt_errmsg(NULL));
-	else
-		fprintf(stderr, "golden checkpoints written to %s\n", out);
 	free(single);
 	free(multi);
-	return rc ? 1 : 0;
+	return generated(rc, out);
+}
+
+static int generate_huffman(const char *out)
+{
+	char *probe = tu_path("%s/latest", out);
+	int exists = tu_exists(probe), rc;
+	ckpt_settings s;
+	ckpt *c = NULL;
+	tu_set set;
+
+	free(probe);
+	if (exists) {
+		fprintf(stderr, "%s/latest exists: golden files are never "
+				"regenerated\n", out);
+		return 1;
+	}
+	ckpt_settings_default(&s);
+	s.staging_bytes = 4u << 20;
+	s.chunk_bytes = 64u << 10;
+	s.files_per_host = 2;
+	s.codec = CKPT_CODEC_FLOAT;
+	s.threads = 1;
+	rc = ckpt_open(&c, out, &s);
+	if (!rc) {
+		huf_set(&set);
+		rc = tu_save(c, HUF_STEP, &set);
+		tu_set_free(&set);
+		int rc2 = ckpt_close(c);
+		if (!rc)
+			rc = rc2;
+	}
+	return generated(rc, out);
 }
 
 /* ---- checks ---- */
 
-static char *golden_dir(const char *sub)
+/* tests/golden/<set>/<sub> */
+static char *golden_dir(const char *set, const char *sub)
 {
 	const char *src = getenv("CKPT_TEST_SRCDIR");
 	ck_assert_msg(src && *src, "CKPT_TEST_SRCDIR is not set (run through "
 				   "meson test)");
-	char *p = tu_path("%s/golden/v1/%s", src, sub);
+	char *p = tu_path("%s/golden/%s/%s", src, set, sub);
 	struct stat st;
 	ck_assert_msg(!stat(p, &st) && S_ISDIR(st.st_mode),
 		      "golden checkpoint %s is missing", p);
 	return p;
 }
 
-/* The reader must not write into the tree: work on a copy. */
-static char *golden_copy(const char *sub)
+/* The reader must not write into the tree: work on a copy, <tmp>/<as>. */
+static char *golden_copy(const char *set, const char *sub, const char *as)
 {
-	char *src = golden_dir(sub);
-	char *dst = tu_path("%s/%s", tu_tmpdir(), sub);
+	char *src = golden_dir(set, sub);
+	char *dst = tu_path("%s/%s", tu_tmpdir(), as);
 	ck_assert_int_eq(tu_copy_tree(src, dst), 0);
 	free(src);
 	return dst;
@@ -201,17 +335,25 @@ static void check_magic(const char *path, const char *magic)
 	free(b);
 }
 
-START_TEST(test_golden_single)
+/* `latest` holds "step-%020llu\n" of `step`, byte for byte. */
+static void check_latest(const char *root, uint64_t step)
 {
-	char *root = golden_copy("single");
-	char *lp = tu_path("%s/latest", root);
+	char *lp = tu_path("%s/latest", root), want[32];
 	uint8_t *lb;
 	size_t ln;
+
+	snprintf(want, sizeof(want), "step-%020llu\n", (unsigned long long)step);
 	ck_assert_int_eq(tu_read_file(lp, &lb, &ln), 0);
-	ck_assert_msg(ln == 26 && !memcmp(lb, "step-00000000000000000003\n", 26),
+	ck_assert_msg(ln == 26 && !memcmp(lb, want, 26),
 		      "latest pointer changed format");
 	free(lb);
 	free(lp);
+}
+
+START_TEST(test_golden_single)
+{
+	char *root = golden_copy("v1", "single", "single");
+	check_latest(root, 3);
 	for (int k = 0; k < 3; k++) {
 		uint64_t step = (uint64_t)k + 1;
 		tu_set set;
@@ -279,7 +421,7 @@ END_TEST
 
 START_TEST(test_golden_multi)
 {
-	char *root = golden_copy("multi");
+	char *root = golden_copy("v1", "multi", "multi");
 	ckpt_reader *r = NULL;
 	int rc = ckpt_reader_open(&r, root, CKPT_LATEST, NULL);
 	ck_assert_msg(rc == 0, "open: %d %s", rc, ckpt_reader_errmsg(NULL));
@@ -319,18 +461,168 @@ START_TEST(test_golden_multi)
 }
 END_TEST
 
+/*
+ * The plane modes of the float-codec chunks of a step's shard files, read
+ * from the bytes as SPEC.md sections 4.2 and 5.3 lay them out, not through
+ * format/: a golden set that claims to freeze Huffman planes must be seen
+ * to hold them. census[w][j][mode] counts plane j of chunks of element
+ * width w; *tails counts float chunks with tail bytes. Every mode-2 plane
+ * is checked for its structure (complete prefix code of lengths <= 11,
+ * stream sizes adding up).
+ */
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static void check_huffman_plane(const uint8_t *p, uint32_t len)
+{
+	uint32_t kraft = 0, streams = 0;
+
+	ck_assert_uint_ge(len, 144);
+	for (int x = 0; x < 256; x++) {
+		unsigned l = (p[x / 2] >> (4 * (x % 2))) & 15u;
+
+		ck_assert_uint_le(l, 11);
+		if (l)
+			kraft += 1u << (11 - l);
+	}
+	ck_assert_uint_eq(kraft, 1u << 11);
+	for (int s = 0; s < 4; s++)
+		streams += le32(p + 128 + 4 * s);
+	ck_assert_uint_eq(144 + streams, len);
+}
+
+static void plane_census(const char *stepdir, unsigned census[9][8][3],
+			 unsigned *tails)
+{
+	char **names;
+	int nn = tu_list_files(stepdir, &names);
+
+	ck_assert_int_ge(nn, 1);
+	for (int f = 0; f < nn; f++) {
+		size_t nl = strlen(names[f]), len, off = 4096;
+		uint8_t *b;
+
+		if (nl < 6 || strcmp(names[f] + nl - 6, ".shard"))
+			continue;
+		char *path = tu_path("%s/%s", stepdir, names[f]);
+		ck_assert_int_eq(tu_read_file(path, &b, &len), 0);
+		while (off < len) {
+			const uint8_t *h = b + off, *p = h + 64;
+			uint32_t raw_len, stored, w;
+			size_t pos;
+
+			ck_assert(off + 64 <= len && !memcmp(h, "CKCH", 4));
+			raw_len = le32(h + 8);
+			stored = le32(h + 12);
+			ck_assert(stored <= len - off - 64);
+			off += (64 + stored + 4095) / 4096 * 4096;
+			if (h[4] != CKPT_CODEC_FLOAT)
+				continue;
+			w = h[5];
+			ck_assert(w == 2 || w == 4 || w == 8);
+			ck_assert(p[0] == w && p[1] == w);
+			pos = 2 + 5 * w;
+			for (uint32_t j = 0; j < w; j++) {
+				uint8_t mode = p[2 + 5 * j];
+				uint32_t plen = le32(p + 3 + 5 * j);
+
+				ck_assert_uint_le(mode, 2);
+				ck_assert(plen <= stored - pos);
+				if (mode == 0)
+					ck_assert_uint_eq(plen, raw_len / w);
+				if (mode == 2)
+					check_huffman_plane(p + pos, plen);
+				census[w][j][mode]++;
+				pos += plen;
+			}
+			ck_assert_uint_eq(pos + raw_len % w, stored);
+			if (raw_len % w)
+				(*tails)++;
+		}
+		ck_assert_uint_eq(off, len);
+		free(b);
+		free(path);
+	}
+	tu_free_names(names, nn);
+}
+
+START_TEST(test_golden_huffman)
+{
+	char *root = golden_copy("v1-huffman", ".", "huffman");
+	char *sd = tu_step_dir(root, HUF_STEP);
+	unsigned census[9][8][3], tails = 0;
+	tu_set set;
+
+	huf_set(&set);
+	ck_assert_msg(tu_check_root(root, HUF_STEP, &set, why,
+				    sizeof(why)) == 0,
+		      "%s", why);
+	memset(census, 0, sizeof(census));
+	plane_census(sd, census, &tails);
+	if (getenv("CKPT_TEST_VERBOSE"))
+		for (int w = 2; w <= 8; w *= 2)
+			for (int j = 0; j < w; j++)
+				printf("w %d plane %d: raw %u zstd %u huf %u\n",
+				       w, j, census[w][j][0], census[w][j][1],
+				       census[w][j][2]);
+	/* Frozen facts about these bytes: chunks 0-1 have elem_width 2,
+	 * 2-3 width 4, 4 width 8 (5 tail bytes); the exponent plane of every
+	 * bf16 and f32 chunk is Huffman-coded; 8 planes in all are, and
+	 * every mode occurs. */
+	unsigned chunks_w[9] = { 0 }, by_mode[3] = { 0 };
+	for (int w = 2; w <= 8; w *= 2) {
+		for (int m = 0; m < 3; m++) {
+			chunks_w[w] += census[w][0][m];
+			for (int j = 0; j < w; j++)
+				by_mode[m] += census[w][j][m];
+		}
+	}
+	ck_assert_uint_eq(chunks_w[2], 2);
+	ck_assert_uint_eq(chunks_w[4], 2);
+	ck_assert_uint_eq(chunks_w[8], 1);
+	ck_assert_uint_eq(census[2][0][2], 2);
+	ck_assert_uint_eq(census[4][0][2], 2);
+	ck_assert_uint_eq(by_mode[2], 8);
+	ck_assert_uint_gt(by_mode[0], 0);
+	ck_assert_uint_gt(by_mode[1], 0);
+	ck_assert_uint_eq(tails, 1);
+	/* the latest pointer, and a box read across a chunk boundary */
+	check_latest(root, HUF_STEP);
+	uint8_t got[8 * 4 * 2], want[8 * 4 * 2];
+	uint64_t off[2] = { 124, 100 }, ext[2] = { 8, 4 };
+	ckpt_reader *r = NULL;
+	ck_assert_int_eq(ckpt_reader_open(&r, root, HUF_STEP, NULL), 0);
+	tu_extract_box(set.t[0].data, 2, set.t[0].shape, 2, off, ext, want);
+	ck_assert_int_eq(ckpt_read_slice(r, "w.bf16", off, ext, got,
+					 sizeof(got)),
+			 0);
+	ck_assert(!memcmp(got, want, sizeof(got)));
+	ckpt_reader_close(r);
+	free(sd);
+	free(root);
+	tu_set_free(&set);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--generate"))
 		return generate(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--generate-huffman"))
+		return generate_huffman(argv[2]);
 	if (argc != 1) {
-		fprintf(stderr, "usage: %s [--generate DIR]\n", argv[0]);
+		fprintf(stderr, "usage: %s [--generate DIR | "
+				"--generate-huffman DIR]\n", argv[0]);
 		return 2;
 	}
 	Suite *s = suite_create("golden");
 	TCase *tc = tu_tcase("golden", 60);
 	tcase_add_test(tc, test_golden_single);
 	tcase_add_test(tc, test_golden_multi);
+	tcase_add_test(tc, test_golden_huffman);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }
