@@ -260,7 +260,7 @@ typedef struct fmt_slice {
 
 /*
  * Checks the rule that ties the indexes of a step together (SPEC.md
- * section 10): slices with one name agree on dtype, ndim and global shape,
+ * section 7, "Multi-host"): slices with one name agree on dtype, ndim and global shape,
  * lie inside that shape, and no two of them share an element (a slice
  * with an empty extent holds none; two slices of a scalar overlap).
  * v[0..n) holds the slices of one name or of every name of every host;

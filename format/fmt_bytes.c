@@ -1,5 +1,5 @@
 /*
- * fmt_bytes.c - the byte-level part of format v1 (SPEC.md sections 3-5):
+ * fmt_bytes.c - the byte-level part of format v1 (SPEC.md sections 1-4):
  * little-endian integers, canonical XXH3 hashes, hex, file names, name and
  * shape validation, shard and chunk headers, and the public dtype/codec
  * name tables.

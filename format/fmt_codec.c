@@ -1,5 +1,5 @@
 /*
- * fmt_codec.c - chunk codecs of format v1 (SPEC.md section 6).
+ * fmt_codec.c - chunk codecs of format v1 (SPEC.md section 5).
  *
  * none:  the raw bytes.
  * zstd:  exactly one zstd frame whose content size is recorded and equals

@@ -1,6 +1,6 @@
 /*
  * fmt_slices.c - the rule that ties the indexes of one step together
- * (SPEC.md section 10): the slices that hosts store of one global tensor
+ * (SPEC.md section 7, "Multi-host"): the slices that hosts store of one global tensor
  * agree on dtype and global shape, lie inside that shape, and no two of
  * them share an element. One index cannot check this; the commit (over
  * every host's index) and the reader (over the indexes it opened) both
