@@ -263,11 +263,11 @@ CKPT_API const char *ckpt_codec_name(int codec)
 CKPT_API int ckpt_codec_from_name(const char *name)
 {
 	if (!name)
-		return -1;
+		return CKPT_E_NOTFOUND;
 	for (int i = 0; i < CKPT_CODEC_COUNT; i++)
 		if (strcmp(name, codecs[i]) == 0)
 			return i;
-	return -1;
+	return CKPT_E_NOTFOUND;
 }
 
 /* ---- shard file header ---- */

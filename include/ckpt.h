@@ -137,7 +137,9 @@ enum ckpt_codec {
 };
 
 CKPT_API const char *ckpt_codec_name(int codec); /* "none", "zstd", "float" */
-CKPT_API int ckpt_codec_from_name(const char *name); /* -1 if unknown */
+/* Inverse of ckpt_codec_name(); CKPT_E_NOTFOUND if unknown or NULL (never a
+ * value that could be mistaken for -errno). */
+CKPT_API int ckpt_codec_from_name(const char *name);
 
 /* ------------------------------------------------------------------ */
 /* Settings                                                           */

@@ -407,7 +407,7 @@ START_TEST(test_dtype_codec_names)
 	ck_assert_str_eq(ckpt_codec_name(CKPT_CODEC_FLOAT), "float");
 	for (int k = 0; k < CKPT_CODEC_COUNT; k++)
 		ck_assert_int_eq(ckpt_codec_from_name(ckpt_codec_name(k)), k);
-	ck_assert_int_eq(ckpt_codec_from_name("lz4"), -1);
+	ck_assert_int_eq(ckpt_codec_from_name("lz4"), CKPT_E_NOTFOUND);
 }
 END_TEST
 

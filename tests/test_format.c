@@ -241,8 +241,8 @@ START_TEST(test_shape_and_tables)
 	ck_assert(ckpt_codec_name(-1) == NULL);
 	for (int c = 0; c < CKPT_CODEC_COUNT; c++)
 		ck_assert_int_eq(ckpt_codec_from_name(ckpt_codec_name(c)), c);
-	ck_assert_int_eq(ckpt_codec_from_name("lz4"), -1);
-	ck_assert_int_eq(ckpt_codec_from_name(NULL), -1);
+	ck_assert_int_eq(ckpt_codec_from_name("lz4"), CKPT_E_NOTFOUND);
+	ck_assert_int_eq(ckpt_codec_from_name(NULL), CKPT_E_NOTFOUND);
 }
 END_TEST
 
