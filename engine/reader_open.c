@@ -486,6 +486,9 @@ static void rd_stats(ckpt_reader *r)
 {
 	ckpt_stats *s = &r->stats;
 
+	_Static_assert(CKPT_CODEC_COUNT <= CKPT_STATS_MAX_CODECS,
+		       "ckpt_stats has room for CKPT_STATS_MAX_CODECS codecs");
+
 	memset(s, 0, sizeof(*s));
 	for (size_t i = 0; i < r->cm.nfiles; i++)
 		s->file_bytes += r->cm.files[i].size;

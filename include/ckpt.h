@@ -493,15 +493,22 @@ CKPT_API size_t ckpt_reader_file_count(const ckpt_reader *r);
 CKPT_API int ckpt_reader_file(const ckpt_reader *r, size_t i,
 			      ckpt_file_info *out);
 
+/* Size of the per-codec arrays of ckpt_stats. Fixed: adding a codec does
+ * not change the struct. Entry k counts codec k (enum ckpt_codec); entries
+ * of codecs the library does not know are zero. A program built with an
+ * older header may loop to CKPT_STATS_MAX_CODECS and name entries with
+ * ckpt_codec_name(), which answers for the library it runs against. */
+#define CKPT_STATS_MAX_CODECS 16
+
 /* Totals of the step by codec, for inspection. */
 typedef struct ckpt_stats {
 	uint64_t raw_bytes;
 	uint64_t stored_bytes;     /* chunk payloads after codec */
 	uint64_t file_bytes;       /* all files incl. headers and padding */
 	uint64_t chunks;
-	uint64_t chunks_by_codec[CKPT_CODEC_COUNT];
-	uint64_t raw_by_codec[CKPT_CODEC_COUNT];
-	uint64_t stored_by_codec[CKPT_CODEC_COUNT];
+	uint64_t chunks_by_codec[CKPT_STATS_MAX_CODECS];
+	uint64_t raw_by_codec[CKPT_STATS_MAX_CODECS];
+	uint64_t stored_by_codec[CKPT_STATS_MAX_CODECS];
 	uint64_t reserved[4];
 } ckpt_stats;
 

@@ -424,9 +424,13 @@ START_TEST(test_codecs)
 
 	ckpt_reader *r = ropen(dir, 1);
 	ckpt_stats st;
+	memset(&st, 0xff, sizeof(st));
 	ck_assert_int_eq(ckpt_reader_stats(r, &st), 0);
 	uint64_t chunks = 0, raw = 0, stored = 0;
-	for (int k = 0; k < CKPT_CODEC_COUNT; k++) {
+	for (int k = 0; k < CKPT_STATS_MAX_CODECS; k++) {
+		if (k >= CKPT_CODEC_COUNT) /* fixed size; unknown codecs zero */
+			ck_assert(!st.chunks_by_codec[k] && !st.raw_by_codec[k] &&
+				  !st.stored_by_codec[k]);
 		chunks += st.chunks_by_codec[k];
 		raw += st.raw_by_codec[k];
 		stored += st.stored_by_codec[k];
