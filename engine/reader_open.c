@@ -655,6 +655,25 @@ static int rd_build_files(ckpt_reader *r)
 	return 0;
 }
 
+/* The reader uses threads, queue_depth and flags; reserved members must be
+ * zero, as for ckpt_open(). */
+static int rd_check_settings(const ckpt_settings *s)
+{
+	const uint32_t known =
+		CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING;
+
+	for (size_t i = 0; i < sizeof(s->reserved) / sizeof(*s->reserved); i++)
+		if (s->reserved[i])
+			return eng_err(NULL, -EINVAL,
+				       "ckpt_reader_open: settings.reserved[%zu] "
+				       "must be zero", i);
+	if (s->flags & ~known)
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_reader_open: settings.flags: unknown bits "
+			       "0x%x", s->flags & ~known);
+	return 0;
+}
+
 CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
 			      uint64_t step, const ckpt_settings *s)
 {
@@ -666,6 +685,11 @@ CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
 	if (!out || !dir)
 		return eng_err(NULL, -EINVAL,
 			       "ckpt_reader_open: out and dir are required");
+	if (s) {
+		rc = rd_check_settings(s);
+		if (rc < 0)
+			return rc;
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return eng_err(NULL, -ENOMEM, "out of memory");

@@ -171,6 +171,12 @@ static int rd_plan_req(ckpt_reader *r, struct rd_batch *b, size_t i)
 		rd_req_fail(r, b, i, -EINVAL, "read request: name is NULL");
 		return 0;
 	}
+	if (q->flags || q->reserved[0] || q->reserved[1]) {
+		snprintf(msg, sizeof(msg), "read request %zu (tensor \"%s\"): "
+			 "flags and reserved fields must be zero", i, q->name);
+		rd_req_fail(r, b, i, -EINVAL, msg);
+		return 0;
+	}
 	if (rd_find(r, q->name, &ti) < 0) {
 		snprintf(msg, sizeof(msg), "no tensor \"%s\" in %s", q->name,
 			 r->dname);

@@ -853,6 +853,13 @@ static int build_job(struct ckpt *c, uint64_t step, const ckpt_tensor *t,
 			r = set_err(c, -EINVAL, "tensor %zu: name is NULL", i);
 			goto out;
 		}
+		if (x->flags || x->reserved0 || x->reserved[0] ||
+		    x->reserved[1]) {
+			r = set_err(c, -EINVAL,
+				    "tensor %zu (\"%.200s\"): flags and "
+				    "reserved fields must be zero", i, x->name);
+			goto out;
+		}
 		len = strnlen(x->name, CKPT_MAX_NAME + 1);
 		if (!fmt_name_valid(x->name, len)) {
 			r = set_err(c, -EINVAL,

@@ -24,6 +24,14 @@
  *  - a ckpt handle may be used from several threads (for example the
  *    training loop and a maintenance watcher); a ckpt_reader handle may be
  *    used by one thread at a time.
+ *  - ABI: structs passed in arrays (ckpt_tensor, ckpt_read_req) and structs
+ *    the library fills carry `flags` and `reserved` members so they can
+ *    grow without changing size. Callers must zero what they do not set
+ *    (designated initializers or memset); the library refuses a nonzero
+ *    reserved member or an unknown flag with -EINVAL naming the entry.
+ *    Array members have fixed sizes that do not follow the enums (see
+ *    CKPT_STATS_MAX_CODECS). Only the functions declared here are exported,
+ *    each under the version node (CKPT_0.1, ...) that introduced it.
  *
  * Symbols not declared here are not API.
  */
@@ -227,6 +235,9 @@ typedef struct ckpt_tensor {
 	const uint64_t *slice_extent; /* NULL: the whole array */
 	const void *data;   /* row-major bytes of the slice */
 	uint64_t nbytes;    /* must equal product(extent) * dtype size */
+	uint32_t flags;     /* none defined yet: must be 0 */
+	uint32_t reserved0; /* must be 0 */
+	uint64_t reserved[2]; /* must be 0 */
 } ckpt_tensor;
 
 /*
@@ -446,7 +457,8 @@ CKPT_API int ckpt_read_slice(ckpt_reader *r, const char *name,
 
 /* Several reads done together: chunks are read in file order through
  * io_uring and decoded on all workers. Each request gets its own status;
- * the return value is the first failure (or 0). */
+ * the return value is the first failure (or 0). A request with a nonzero
+ * flags or reserved member fails alone with -EINVAL. */
 typedef struct ckpt_read_req {
 	const char *name;
 	const uint64_t *offset;   /* NULL: whole tensor */
@@ -454,7 +466,8 @@ typedef struct ckpt_read_req {
 	void *dst;
 	uint64_t dst_bytes;
 	int32_t status;           /* out */
-	uint32_t reserved0;
+	uint32_t flags;           /* none defined yet: must be 0 */
+	uint64_t reserved[2];     /* must be 0 */
 } ckpt_read_req;
 
 CKPT_API int ckpt_read_batch(ckpt_reader *r, ckpt_read_req *reqs, size_t n);

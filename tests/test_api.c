@@ -221,6 +221,17 @@ START_TEST(test_bad_tensor_fields)
 	t.data = NULL;
 	expect_refused(c, dir, &t, 1, -EINVAL, "data.null");
 
+	/* flags and reserved fields must be zero (room to grow the ABI) */
+	t = good_tensor("flags.set");
+	t.flags = 1;
+	expect_refused(c, dir, &t, 1, -EINVAL, "flags.set");
+	t = good_tensor("reserved0.set");
+	t.reserved0 = 1;
+	expect_refused(c, dir, &t, 1, -EINVAL, "reserved0.set");
+	t = good_tensor("reserved.set");
+	t.reserved[1] = 1;
+	expect_refused(c, dir, &t, 1, -EINVAL, "reserved.set");
+
 	/* slices: outside the shape, overflow, one of offset/extent only,
 	 * nbytes of the whole array instead of the slice */
 	uint64_t off[2] = {2, 0}, ext[2] = {3, 8};
@@ -584,6 +595,16 @@ START_TEST(test_reader_misuse)
 	ck_assert_int_eq(ckpt_close(c), 0);
 
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 4, NULL), CKPT_E_NOTFOUND);
+	ckpt_settings rs;
+	ckpt_settings_default(&rs);
+	rs.reserved[7] = 1;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, &rs), -EINVAL);
+	ck_assert_ptr_null(r);
+	ck_assert_msg(strstr(ckpt_reader_errmsg(NULL), "reserved[7]"),
+		      "message \"%s\"", ckpt_reader_errmsg(NULL));
+	ckpt_settings_default(&rs);
+	rs.flags = 1u << 31;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, &rs), -EINVAL);
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, NULL), 0);
 	float buf[64];
 	ck_assert_int_eq(ckpt_read(r, "nope", buf, 128), CKPT_E_NOTFOUND);
@@ -612,6 +633,25 @@ START_TEST(test_reader_misuse)
 	ck_assert_int_eq(ckpt_read_slice(r, "w", off2, ext2, buf, 24), 0);
 	ck_assert(buf[0] == 10.0f && buf[5] == 20.0f);
 	ck_assert_int_eq(ckpt_read_slice(r, "w", NULL, ext2, buf, 24), -EINVAL);
+
+	/* a request with flags or reserved fields set fails alone */
+	float other[32];
+	ckpt_read_req q[3] = {
+		{ .name = "w", .dst = buf, .dst_bytes = 128 },
+		{ .name = "w", .dst = other, .dst_bytes = 128, .flags = 1 },
+		{ .name = "w", .dst = other, .dst_bytes = 128,
+		  .reserved = { 0, 7 } },
+	};
+	memset(buf, 0, sizeof(buf));
+	ck_assert_int_eq(ckpt_read_batch(r, q, 3), -EINVAL);
+	ck_assert_int_eq(q[0].status, 0);
+	ck_assert_int_eq(q[1].status, -EINVAL);
+	ck_assert_int_eq(q[2].status, -EINVAL);
+	ck_assert(memcmp(buf, g_data, 128) == 0);
+	ck_assert_msg(strstr(ckpt_reader_errmsg(r), "request 1") &&
+			      strstr(ckpt_reader_errmsg(r), "reserved"),
+		      "message \"%s\" does not name the request",
+		      ckpt_reader_errmsg(r));
 
 	/* the reader stays usable after all that */
 	ck_assert_int_eq(ckpt_read(r, "w", buf, 128), 0);
