@@ -156,6 +156,7 @@ struct rd_worker {
 
 struct ckpt_reader {
 	char errmsg[ENG_ERRMSG_MAX];
+	pid_t pid; /* of the process that opened it: its workers live there */
 	char *root;
 	char *stepdir;
 	char dname[32];
@@ -216,6 +217,9 @@ static inline uint64_t max_u64(uint64_t a, uint64_t b)
 
 /* ---- open (reader_open.c) ------------------------------------------ */
 
+/* -ECHILD (with message) when called in a child of the process that
+ * opened r, whose worker threads and ring are not there; else 0. */
+int rd_check_process(ckpt_reader *r, const char *fn);
 /* Index of the global tensor `name` in r->tensors; CKPT_E_NOTFOUND. */
 int rd_find(const ckpt_reader *r, const char *name, size_t *idx);
 /* Index of the shard file `name` in r->files, or SIZE_MAX. */
@@ -249,8 +253,9 @@ void rd_fatal(ckpt_reader *r, struct rd_batch *b, int code, const char *msg);
 int rd_pipeline(ckpt_reader *r, struct rd_batch *b);
 /* Frees a batch's jobs, targets and hash state (not the struct). */
 void rd_batch_free(struct rd_batch *b);
-/* Joins the worker threads; frees the buffer pool (at close). */
-void rd_stop_workers(ckpt_reader *r);
+/* Stops and joins the worker threads and frees their memory; in_child:
+ * only frees (the threads are the parent's). Frees the buffer pool. */
+void rd_stop_workers(ckpt_reader *r, int in_child);
 void rd_free_bufs(ckpt_reader *r);
 
 #endif /* CKPT_ENGINE_READER_INTERNAL_H */

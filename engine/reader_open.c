@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "reader_internal.h"
 
@@ -23,6 +24,16 @@
 /* ------------------------------------------------------------------ */
 /* Lookups                                                            */
 /* ------------------------------------------------------------------ */
+
+int rd_check_process(ckpt_reader *r, const char *fn)
+{
+	if (r->pid == getpid())
+		return 0;
+	return eng_err(r->errmsg, -ECHILD,
+		       "%s: the reader was opened by process %ld; it cannot "
+		       "be used in process %ld, a child of fork()", fn,
+		       (long)r->pid, (long)getpid());
+}
 
 /* Name of the first tensor of host h overlapping stream [cs, ce), or NULL. */
 const char *rd_host_tensor_at(const ckpt_reader *r, uint32_t h, uint64_t cs,
@@ -693,6 +704,7 @@ CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return eng_err(NULL, -ENOMEM, "out of memory");
+	r->pid = getpid();
 	r->qd = RD_DEFAULT_QD;
 	r->threads = 0;
 	if (s) {
@@ -778,11 +790,17 @@ fail:
 	return rc;
 }
 
+/* In a child of fork() (see ckpt.h) only memory and this process's
+ * descriptors are released: the threads are the parent's, and a lock may
+ * have been held by one of them at the fork. */
 CKPT_API void ckpt_reader_close(ckpt_reader *r)
 {
+	int in_child;
+
 	if (!r)
 		return;
-	rd_stop_workers(r);
+	in_child = r->pid != getpid();
+	rd_stop_workers(r, in_child);
 	if (r->ring_state == 1 || r->ring_state == -2)
 		io_uring_queue_exit(&r->ring);
 	rd_free_bufs(r);
@@ -807,7 +825,7 @@ CKPT_API void ckpt_reader_close(ckpt_reader *r)
 	free(r->pieces);
 	if (r->cm_loaded)
 		fmt_commit_free(&r->cm);
-	if (r->sync_init) {
+	if (r->sync_init && !in_child) {
 		pthread_mutex_destroy(&r->mu);
 		pthread_cond_destroy(&r->cv_work);
 		pthread_cond_destroy(&r->cv_done);

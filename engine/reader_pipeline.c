@@ -415,16 +415,19 @@ void rd_free_bufs(ckpt_reader *r)
 	r->nbufs = r->nfree = r->maxbufs = r->bufsize = r->qcap = 0;
 }
 
-void rd_stop_workers(ckpt_reader *r)
+void rd_stop_workers(ckpt_reader *r, int in_child)
 {
 	if (!r->workers)
 		return;
-	pthread_mutex_lock(&r->mu);
-	r->stop = 1;
-	pthread_cond_broadcast(&r->cv_work);
-	pthread_mutex_unlock(&r->mu);
+	if (!in_child) {
+		pthread_mutex_lock(&r->mu);
+		r->stop = 1;
+		pthread_cond_broadcast(&r->cv_work);
+		pthread_mutex_unlock(&r->mu);
+	}
 	for (unsigned i = 0; i < r->nworkers; i++) {
-		pthread_join(r->workers[i].th, NULL);
+		if (!in_child)
+			pthread_join(r->workers[i].th, NULL);
 		fmt_codec_ctx_free(r->workers[i].cc);
 		free(r->workers[i].raw);
 	}

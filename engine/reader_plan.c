@@ -421,6 +421,9 @@ CKPT_API int ckpt_read_batch(ckpt_reader *r, ckpt_read_req *reqs, size_t n)
 
 	if (!r)
 		return eng_err(NULL, -EINVAL, "ckpt_read_batch: reader is NULL");
+	rc = rd_check_process(r, "ckpt_read_batch");
+	if (rc < 0)
+		return rc;
 	if (n == 0)
 		return 0;
 	if (!reqs)

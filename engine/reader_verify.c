@@ -192,6 +192,9 @@ CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
 
 	if (!r)
 		return eng_err(NULL, -EINVAL, "ckpt_reader_verify: reader is NULL");
+	rc = rd_check_process(r, "ckpt_reader_verify");
+	if (rc < 0)
+		return rc;
 	total = r->commit_size;
 	for (size_t i = 0; i < r->cm.nfiles; i++)
 		total += r->cm.files[i].size;
@@ -347,6 +350,9 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 
 	if (!r)
 		return eng_err(NULL, -EINVAL, "ckpt_reader_copy: reader is NULL");
+	rc = rd_check_process(r, "ckpt_reader_copy");
+	if (rc < 0)
+		return rc;
 	if (!dst_root)
 		return eng_err(r->errmsg, -EINVAL,
 			       "ckpt_reader_copy: dst_root is NULL");

@@ -663,6 +663,24 @@ static void setup_ring(struct ckpt *c)
 	free(iov);
 }
 
+/* The ring, eventfd, pool and plain memory: all that ckpt_close in a child
+ * of fork() may release, since the threads, the locks and any save in
+ * flight are the parent's (what the sinks hold is left: small, and their
+ * descriptors are O_CLOEXEC). */
+static void handle_release(struct ckpt *c)
+{
+	if (c->have_ring)
+		io_uring_queue_exit(&c->ring);
+	if (c->efd >= 0)
+		close(c->efd);
+	if (c->mem)
+		munmap(c->mem, c->mem_bytes);
+	eng_job_free(c->job);
+	free(c->bufs);
+	free(c->workers);
+	free(c->root);
+}
+
 static void handle_free(struct ckpt *c)
 {
 	unsigned i;
@@ -681,16 +699,7 @@ static void handle_free(struct ckpt *c)
 		pthread_join(c->writer, NULL);
 	for (i = 0; i < c->nsinks; i++)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
-	if (c->have_ring)
-		io_uring_queue_exit(&c->ring);
-	if (c->efd >= 0)
-		close(c->efd);
-	if (c->mem)
-		munmap(c->mem, c->mem_bytes);
-	eng_job_free(c->job);
-	free(c->bufs);
-	free(c->workers);
-	free(c->root);
+	handle_release(c);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->slot_cv);
 	pthread_cond_destroy(&c->work_cv);
@@ -717,6 +726,7 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	if (!c)
 		return eng_err(NULL, -ENOMEM, "out of memory");
 	c->efd = -1;
+	c->pid = getpid();
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->slot_cv, NULL);
 	pthread_cond_init(&c->work_cv, NULL);
@@ -802,6 +812,11 @@ CKPT_API int ckpt_close(ckpt *c)
 
 	if (!c)
 		return 0;
+	if (c->pid != getpid()) {
+		handle_release(c);
+		free(c);
+		return 0;
+	}
 	pthread_mutex_lock(&c->mu);
 	while (c->busy)
 		pthread_cond_wait(&c->done_cv, &c->mu);

@@ -127,6 +127,7 @@ typedef struct eng_sink {
 #define ENG_MAX_SINKS 4
 
 struct ckpt {
+	pid_t pid; /* of the process that opened it (see ckpt_close) */
 	char *root;
 	ckpt_settings s;
 	unsigned nworkers;

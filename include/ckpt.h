@@ -20,6 +20,8 @@
  *    handle's last error message: ckpt_errmsg() / ckpt_reader_errmsg().
  *    With a NULL handle they return the calling thread's last message, which
  *    is how the failure of an *_open() call is explained.
+ *    See "Threads, messages and fork" below for which message a thread
+ *    sees when several threads use one handle.
  *  - destructors accept NULL.
  *  - a ckpt handle may be used from several threads (for example the
  *    training loop and a maintenance watcher); a ckpt_reader handle may be
@@ -32,6 +34,43 @@
  *    Array members have fixed sizes that do not follow the enums (see
  *    CKPT_STATS_MAX_CODECS). Only the functions declared here are exported,
  *    each under the version node (CKPT_0.1, ...) that introduced it.
+ *
+ * Threads, messages and fork:
+ *  - callbacks run synchronously on the thread that called the function
+ *    taking them, before that function returns: the progress callbacks of
+ *    ckpt_reader_verify() and ckpt_reader_copy() between units of work,
+ *    the ckpt_gc_fn of ckpt_gc() once per step directory. The library's
+ *    worker threads never call user code. A callback must not call the
+ *    handle it reports on (a reader is used by one thread at a time; see
+ *    ckpt_gc for the gc callback).
+ *  - each handle keeps one last-error message: the message of the most
+ *    recent failure recorded on that handle by any thread, including a
+ *    background save's failure once ckpt_save/ckpt_wait/ckpt_poll reports
+ *    it, and the warning of a commit that succeeded but could not update
+ *    `latest` or apply retention. So with a ckpt handle shared by threads,
+ *    a failure on thread B can replace the message of thread A's failure
+ *    before A reads it. Other successful calls leave the message as it
+ *    was, except that ckpt_reader_open(), ckpt_reader_verify() and
+ *    ckpt_reader_copy() clear the reader's on success. ckpt_errmsg(c) returns
+ *    a copy, taken under the handle's lock, in a buffer of the calling
+ *    thread that stays valid until that thread's next ckpt_errmsg() call.
+ *    ckpt_errmsg(NULL) / ckpt_reader_errmsg(NULL) return the calling
+ *    thread's own last message, which no other thread can change: right
+ *    after a failed call it is exactly that call's message.
+ *    ckpt_reader_errmsg(r) returns the reader's own buffer, valid until the
+ *    next call on that reader.
+ *  - fork(): a handle belongs to the process that opened it; its worker
+ *    threads exist only there. In a child process, a handle inherited from
+ *    the parent may only be closed: ckpt_close() and ckpt_reader_close()
+ *    notice that they run in another process and then only release the
+ *    child's copy of the handle's memory (staging pool, buffers) and of
+ *    its descriptors (except the shard files of a save in flight, which
+ *    are close-on-exec). They take no lock, wait for no save and write or
+ *    remove nothing; the parent's handle is unaffected. ckpt_close()
+ *    returns 0 there. Reads, verify and copy through an inherited reader
+ *    fail with -ECHILD (its accessors still work); any other use of an
+ *    inherited ckpt handle is undefined. Open new handles in the child if
+ *    it needs the library.
  *
  * Symbols not declared here are not API.
  */
@@ -217,6 +256,7 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s);
 /*
  * Waits for an in-flight save, then frees everything. Returns the status
  * of that save (0 if there was none or it succeeded). Accepts NULL.
+ * In a child of fork() it only releases the child's copy (see the top).
  */
 CKPT_API int ckpt_close(ckpt *c);
 
@@ -477,7 +517,11 @@ CKPT_API int ckpt_read_alloc(ckpt_reader *r, const char *name, void **out,
 			     uint64_t *nbytes);
 
 /* Progress callback for long operations; return non-zero to cancel
- * (the operation then fails with CKPT_E_CANCELED). */
+ * (the operation then fails with CKPT_E_CANCELED). Called on the thread
+ * that called the operation, between units of work (verify: after each
+ * file or chunk read in file order; copy: after each block written), with
+ * done <= total; not called by worker threads. It must not use the
+ * reader it reports on. */
 typedef int (*ckpt_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /*

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -757,6 +758,63 @@ START_TEST(test_close_reports_failure)
 }
 END_TEST
 
+/* Handles inherited through fork(): in the child, reads through the reader
+ * fail with -ECHILD and both handles can be closed, without waiting for
+ * the parent's threads or save (a hang fails the test by its timeout);
+ * the parent's handles are untouched. */
+START_TEST(test_fork_child)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_root(dir);
+	ckpt_tensor t = good_tensor("w");
+	float buf[32];
+	for (int i = 0; i < 32; i++)
+		g_data[i] = (float)i;
+	ck_assert_int_eq(ckpt_save(c, 1, &t, 1), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	ckpt_reader *r;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 1, NULL), 0);
+	/* the reader's workers and ring exist from the first read on */
+	ck_assert_int_eq(ckpt_read(r, "w", buf, sizeof(buf)), 0);
+	tu_set set;
+	big_set(&set);
+	ck_assert_int_eq(tu_save_async(c, 2, &set), 0); /* may be in flight */
+
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int bad = 0;
+		if (ckpt_read(r, "w", buf, sizeof(buf)) != -ECHILD)
+			bad |= 1;
+		if (!strstr(ckpt_reader_errmsg(r), "fork()"))
+			bad |= 2;
+		if (ckpt_reader_verify(r, NULL, NULL) != -ECHILD)
+			bad |= 4;
+		ckpt_reader_close(r);
+		if (ckpt_close(c) != 0)
+			bad |= 8;
+		_exit(bad);
+	}
+	int status = 0;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child: wait status 0x%x (exit bits: 1 read, 2 message, "
+		      "4 verify, 8 close)", status);
+
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	memset(buf, 0, sizeof(buf));
+	ck_assert_int_eq(ckpt_read(r, "w", buf, sizeof(buf)), 0);
+	ck_assert(memcmp(buf, g_data, sizeof(buf)) == 0);
+	ck_assert_int_eq(ckpt_reader_verify(r, NULL, NULL), 0);
+	ckpt_reader_close(r);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 2, NULL), 0);
+	ck_assert_int_eq(ckpt_reader_verify(r, NULL, NULL), 0);
+	ckpt_reader_close(r);
+	tu_set_free(&set);
+}
+END_TEST
+
 START_TEST(test_commit_misuse)
 {
 	const char *dir = tu_tmpdir();
@@ -843,6 +901,7 @@ int main(void)
 	tcase_add_test(tc, test_failed_save_wait);
 	tcase_add_test(tc, test_failed_save_previous);
 	tcase_add_test(tc, test_close_reports_failure);
+	tcase_add_test(tc, test_fork_child);
 	tcase_add_test(tc, test_commit_misuse);
 	tcase_add_test(tc, test_close_waits);
 	tcase_add_test(tc, test_gc_spares_inflight);
