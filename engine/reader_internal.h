@@ -79,11 +79,6 @@ struct rd_host {
 	size_t *gidx;      /* ix.tensors[i] -> r->tensors */
 };
 
-struct rd_piece {
-	uint32_t host;
-	const fmt_tensor_entry *te;
-};
-
 struct rd_tensor {
 	const char *name;
 	int32_t dtype;
@@ -91,7 +86,7 @@ struct rd_tensor {
 	const uint64_t *shape;
 	uint64_t nbytes;
 	uint64_t stored_bytes;
-	size_t first; /* into r->pieces */
+	size_t first; /* into r->pieces, npieces slices by host */
 	uint32_t npieces;
 };
 
@@ -176,7 +171,7 @@ struct ckpt_reader {
 	size_t ntensors;
 	struct rd_tensor *tensors;
 	size_t npieces;
-	struct rd_piece *pieces;
+	fmt_slice *pieces;
 	ckpt_stats stats;
 
 	/* pipeline; the mutex guards the queue, buffer free list, busy and

@@ -319,176 +319,79 @@ out:
 	return rc;
 }
 
-struct rd_ent {
-	const fmt_tensor_entry *te;
-	uint32_t host;
-	size_t idx;
-};
-
-static int cmp_ent(const void *a, const void *b)
-{
-	const struct rd_ent *x = a, *y = b;
-	int c = strcmp(x->te->name, y->te->name);
-
-	if (c)
-		return c;
-	return x->host < y->host ? -1 : x->host > y->host;
-}
-
-static int boxes_overlap(const fmt_tensor_entry *a, const fmt_tensor_entry *b)
-{
-	for (uint32_t d = 0; d < a->ndim; d++) {
-		if (a->extent[d] == 0 || b->extent[d] == 0)
-			return 0;
-		if (a->offset[d] >= b->offset[d] + b->extent[d] ||
-		    b->offset[d] >= a->offset[d] + a->extent[d])
-			return 0;
-	}
-	return 1;
-}
-
-static int cmp_piece_dim(const void *a, const void *b, void *arg)
-{
-	uint32_t d = *(const uint32_t *)arg;
-	const struct rd_piece *x = a, *y = b;
-
-	if (x->te->offset[d] != y->te->offset[d])
-		return x->te->offset[d] < y->te->offset[d] ? -1 : 1;
-	return x->host < y->host ? -1 : x->host > y->host;
-}
-
 static int cmp_piece_host(const void *a, const void *b)
 {
-	const struct rd_piece *x = a, *y = b;
+	const fmt_slice *x = a, *y = b;
 
 	return x->host < y->host ? -1 : x->host > y->host;
 }
 
-/* Slices of one name must not overlap: a sweep along the first dimension
- * in which they differ keeps the common shardings near-linear. */
-static int rd_check_overlap(ckpt_reader *r, struct rd_tensor *t)
-{
-	struct rd_piece *p = &r->pieces[t->first];
-	uint32_t n = t->npieces, d0 = 0;
-	int rc = 0;
-
-	if (n < 2)
-		return 0;
-	if (t->ndim == 0)
-		return eng_err(r->errmsg, CKPT_E_MISMATCH,
-			       "tensor \"%s\": scalar stored by hosts %u and %u",
-			       t->name, p[0].host, p[1].host);
-	for (d0 = 0; d0 < t->ndim; d0++) {
-		uint32_t i;
-
-		for (i = 1; i < n; i++)
-			if (p[i].te->offset[d0] != p[0].te->offset[d0])
-				break;
-		if (i < n)
-			break;
-	}
-	if (d0 == t->ndim)
-		d0 = 0;
-	qsort_r(p, n, sizeof(*p), cmp_piece_dim, &d0);
-	for (uint32_t i = 0; i < n && rc == 0; i++) {
-		uint64_t end = p[i].te->offset[d0] + p[i].te->extent[d0];
-
-		for (uint32_t j = i + 1; j < n; j++) {
-			if (p[j].te->offset[d0] >= end)
-				break;
-			if (boxes_overlap(p[i].te, p[j].te)) {
-				rc = eng_err(r->errmsg, CKPT_E_MISMATCH,
-					     "tensor \"%s\": slices stored by "
-					     "hosts %u and %u overlap", t->name,
-					     p[i].host, p[j].host);
-				break;
-			}
-		}
-	}
-	qsort(p, n, sizeof(*p), cmp_piece_host);
-	return rc;
-}
-
+/*
+ * One table of global tensors, sorted by name, each with its slices
+ * (r->pieces[first..first+npieces), by host). fmt_slices_check enforces
+ * the rule across hosts: slices of one name agree on dtype and global
+ * shape, lie inside it and do not overlap.
+ */
 static int rd_merge(ckpt_reader *r)
 {
-	struct rd_ent *e = NULL;
+	char err[ENG_ERRMSG_MAX];
 	size_t n = 0, k = 0;
-	int rc = 0;
+	int rc;
 
 	for (uint32_t h = 0; h < r->nhosts; h++)
 		n += r->hosts[h].ix.ntensors;
-	e = calloc(n + 1, sizeof(*e));
 	r->pieces = calloc(n + 1, sizeof(*r->pieces));
 	r->tensors = calloc(n + 1, sizeof(*r->tensors));
-	if (!e || !r->pieces || !r->tensors) {
-		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
-		goto out;
-	}
+	if (!r->pieces || !r->tensors)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
 	for (uint32_t h = 0; h < r->nhosts; h++) {
 		for (size_t i = 0; i < r->hosts[h].ix.ntensors; i++) {
-			e[k].te = &r->hosts[h].ix.tensors[i];
-			e[k].host = h;
-			e[k].idx = i;
+			r->pieces[k].t = &r->hosts[h].ix.tensors[i];
+			r->pieces[k].host = h;
 			k++;
 		}
 	}
-	if (n > 1)
-		qsort(e, n, sizeof(*e), cmp_ent);
 	r->npieces = n;
-	for (size_t i = 0; i < n;) {
+	err[0] = 0;
+	rc = fmt_slices_check(r->pieces, n, NULL, err, sizeof(err));
+	if (rc < 0)
+		return eng_err(r->errmsg, rc == -EINVAL ? CKPT_E_CORRUPT : rc,
+			       "%s: %s", r->dname, err);
+	/* sorted by name; each name's slices go back to host order */
+	for (size_t i = 0, j; i < n; i = j) {
 		struct rd_tensor *t = &r->tensors[r->ntensors];
-		const fmt_tensor_entry *f = e[i].te;
-		size_t j = i;
+		const fmt_tensor_entry *f = r->pieces[i].t;
 		uint64_t gb;
 
+		for (j = i + 1;
+		     j < n && strcmp(r->pieces[j].t->name, f->name) == 0; j++)
+			;
+		if (j - i > UINT32_MAX)
+			return eng_err(r->errmsg, CKPT_E_CORRUPT,
+				       "too many slices");
+		qsort(&r->pieces[i], j - i, sizeof(*r->pieces), cmp_piece_host);
+		for (size_t q = i; q < j; q++) {
+			const fmt_slice *p = &r->pieces[q];
+			struct rd_host *ho = &r->hosts[p->host];
+
+			if (q > i && p->host == p[-1].host)
+				return eng_err(r->errmsg, CKPT_E_CORRUPT,
+					       "tensor \"%s\" listed twice by "
+					       "host %u", f->name, p->host);
+			ho->gidx[p->t - ho->ix.tensors] = r->ntensors;
+		}
 		t->name = f->name;
 		t->dtype = f->dtype;
 		t->ndim = f->ndim;
 		t->shape = f->shape;
 		t->first = i;
+		t->npieces = (uint32_t)(j - i);
 		fmt_shape_bytes(f->shape, f->ndim, ckpt_dtype_size(f->dtype),
 				&gb);
 		t->nbytes = gb;
-		for (; j < n && strcmp(e[j].te->name, f->name) == 0; j++) {
-			const fmt_tensor_entry *g = e[j].te;
-
-			if (j > i && e[j].host == e[j - 1].host) {
-				rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-					     "tensor \"%s\" listed twice by "
-					     "host %u", f->name, e[j].host);
-				goto out;
-			}
-			if (g->dtype != f->dtype || g->ndim != f->ndim ||
-			    memcmp(g->shape, f->shape,
-				   f->ndim * sizeof(uint64_t)) != 0) {
-				rc = eng_err(r->errmsg, CKPT_E_MISMATCH,
-					     "tensor \"%s\": host %u stores "
-					     "%s with %u dims, host %u %s with "
-					     "%u dims or another global shape",
-					     f->name, e[i].host,
-					     ckpt_dtype_name(f->dtype), f->ndim,
-					     e[j].host,
-					     ckpt_dtype_name(g->dtype), g->ndim);
-				goto out;
-			}
-			r->pieces[j].host = e[j].host;
-			r->pieces[j].te = g;
-			r->hosts[e[j].host].gidx[e[j].idx] = r->ntensors;
-		}
-		if (j - i > UINT32_MAX) {
-			rc = eng_err(r->errmsg, CKPT_E_CORRUPT, "too many slices");
-			goto out;
-		}
-		t->npieces = (uint32_t)(j - i);
 		r->ntensors++;
-		rc = rd_check_overlap(r, t);
-		if (rc < 0)
-			goto out;
-		i = j;
 	}
-out:
-	free(e);
-	return rc;
+	return 0;
 }
 
 /* Stats by codec, and chunk payload bytes attributed to tensors pro rata
@@ -905,7 +808,7 @@ CKPT_API int ckpt_reader_find(const ckpt_reader *r, const char *name,
 CKPT_API int ckpt_reader_slice(const ckpt_reader *r, size_t tensor,
 			       uint32_t j, ckpt_slice_info *out)
 {
-	const struct rd_piece *p;
+	const fmt_slice *p;
 
 	if (!r || !out)
 		return eng_err(NULL, -EINVAL, "ckpt_reader_slice: NULL argument");
@@ -915,9 +818,9 @@ CKPT_API int ckpt_reader_slice(const ckpt_reader *r, size_t tensor,
 	p = &r->pieces[r->tensors[tensor].first + j];
 	memset(out, 0, sizeof(*out));
 	out->host = p->host;
-	out->offset = p->te->offset;
-	out->extent = p->te->extent;
-	out->nbytes = p->te->nbytes;
+	out->offset = p->t->offset;
+	out->extent = p->t->extent;
+	out->nbytes = p->t->nbytes;
 	return 0;
 }
 

@@ -223,8 +223,8 @@ static int rd_plan_req(ckpt_reader *r, struct rd_batch *b, size_t i)
 	if (box_elems == 0)
 		return 0;
 	for (uint32_t p = 0; p < t->npieces; p++) {
-		const struct rd_piece *pc = &r->pieces[t->first + p];
-		const fmt_tensor_entry *te = pc->te;
+		const fmt_slice *pc = &r->pieces[t->first + p];
+		const fmt_tensor_entry *te = pc->t;
 		uint64_t io[CKPT_MAX_NDIM], ie[CKPT_MAX_NDIM], elems = 1;
 		uint64_t sstr[CKPT_MAX_NDIM], dstr[CKPT_MAX_NDIM], ss, ds;
 		struct rd_target *tg;

@@ -733,7 +733,7 @@ static fmt_tensor_entry *find_t(fmt_index *ix, const char *name)
 	return NULL;
 }
 
-#define NCRAFT 24
+#define NCRAFT 25
 
 static const char *craft_name(int k)
 {
@@ -746,6 +746,7 @@ static const char *craft_name(int k)
 		"last chunk dropped", "duplicate tensor name", "dtype f32->f64",
 		"slice outside shape", "shard from step 1", "file size in index",
 		"chunk stream_offset+64", "chunk_bytes huge", "global shape differs",
+		"slices overlap across hosts",
 	};
 	return n[k];
 }
@@ -858,6 +859,10 @@ static int mutate(struct craft *cr, fmt_index *ix, int k)
 		/* valid for host 0 alone, disagrees with host 1's slice */
 		find_t(ix, "w")->shape[1] = 1001;
 		return 1;
+	case 24:
+		/* rows [1, 33): inside the shape, overlaps host 1's [32, 64) */
+		find_t(ix, "w")->offset[0] = 1;
+		return 1;
 	}
 	return 0;
 }
@@ -906,6 +911,15 @@ START_TEST(test_crafted)
 		if (!how)
 			continue;
 		applied++;
+		if (k == 23 || k == 24) {
+			/* the rule across hosts (the commit would have refused
+			 * these): open itself must */
+			ckpt_reader *r = NULL;
+			int rc = ckpt_reader_open(&r, fx.root, STEP, NULL);
+			const char *m = ckpt_reader_errmsg(NULL);
+			ck_assert_msg(rc == CKPT_E_MISMATCH && strstr(m, "\"w\""),
+				      "%s: open %d: %s", cur_case, rc, m);
+		}
 		judge_crafted(&fx);
 		craft_restore(&cr);
 	}
