@@ -715,6 +715,13 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 
 	if (b->njobs == 0)
 		return 0;
+	if (r->ring_state == -2) {
+		/* rd_prepare could free buffers the kernel still writes */
+		rd_fatal(r, b, -EIO, "reader: reads of an earlier batch are "
+			 "still in flight after an io_uring failure; close "
+			 "and reopen the reader");
+		return -EIO;
+	}
 	rc = 0;
 	{
 		uint64_t need = 0;
@@ -856,11 +863,16 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 		}
 	}
 	pthread_mutex_lock(&r->mu);
+	/* jobs already handed on (only a dead ring leaves the loop with
+	 * some): the workers use b until they are done */
+	while (r->busy > 0)
+		pthread_cond_wait(&r->cv_done, &r->mu);
 	r->batch = NULL;
 	rc = b->fatal;
 	pthread_mutex_unlock(&r->mu);
 	return rc;
 }
+
 void rd_batch_free(struct rd_batch *b)
 {
 	free(b->jobs);
