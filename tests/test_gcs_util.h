@@ -1,0 +1,57 @@
+/*
+ * test_gcs_util.h - helpers for the gcs client tests: start/stop the
+ * loopback fake Cloud Storage server (tests/servers/fake_gcs.py), the
+ * retry-test interface (POST /retry_test, GET /retry_test/ID), a plain
+ * HTTP call, and a tiny hostile HTTP server in a thread whose replies the
+ * test writes by hand (wrong crc32c, truncated body, garbage JSON, ...).
+ */
+#ifndef CKPT_TEST_GCS_UTIL_H
+#define CKPT_TEST_GCS_UTIL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct gt_server {
+	pid_t pid;
+	char url[128]; /* http://127.0.0.1:PORT */
+	char dir[256];
+};
+
+/* Starts fake_gcs.py with bucket `bucket` ($CKPT_FAKE_GCS, default
+ * $CKPT_TEST_SRCDIR/servers/fake_gcs.py). Exits 77 (skip) when
+ * /usr/bin/python3 or the server file is missing. */
+void gt_server_start(struct gt_server *s, const char *bucket);
+void gt_server_stop(struct gt_server *s);
+
+/* One HTTP request; returns the status (or -1), body in *resp (malloc'd,
+ * may be NULL). */
+long gt_http(const char *method, const char *url, const char *body,
+	     char **resp);
+/* Creates a retry test {"instructions": {method: [instr...]}} and returns
+ * its id (static storage, overwritten by the next call); NULL on error. */
+const char *gt_retry_test(const char *base, const char *method,
+			  const char *const *instr, size_t n);
+/* 1 if every instruction was consumed, 0 if not, -1 on error. */
+int gt_retry_test_completed(const char *base, const char *id);
+
+/* Hostile server: for each request, fn(arg, fd, method, target, headers)
+ * writes whatever it likes to fd; the connection is closed afterwards. */
+typedef void (*gt_hostile_fn)(void *arg, int fd, const char *method,
+			      const char *target, const char *headers);
+struct gt_hostile {
+	int lfd;
+	int port;
+	char url[64];
+	pthread_t th;
+	gt_hostile_fn fn;
+	void *arg;
+	volatile int stop;
+	volatile int requests;
+};
+void gt_hostile_start(struct gt_hostile *h, gt_hostile_fn fn, void *arg);
+void gt_hostile_stop(struct gt_hostile *h);
+/* write all of a string / buffer to fd (best effort) */
+void gt_send(int fd, const void *p, size_t n);
+
+#endif
