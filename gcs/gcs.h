@@ -115,9 +115,11 @@ int gcs_start_read(struct gcs_client *c, const char *bucket, const char *name,
 		   struct gcs_op **out);
 int gcs_read(struct gcs_client *c, const char *bucket, const char *name,
 	     uint64_t off, size_t len, void *buf, size_t *got);
-/* Whole object into a malloc'd buffer, checked against x-goog-hash. */
+/* Whole object into a malloc'd buffer, checked against x-goog-hash;
+ * -EFBIG when it is larger than max_len (0: no limit). */
 int gcs_get(struct gcs_client *c, const char *bucket, const char *name,
-	    void **data, size_t *len, struct gcs_object *meta);
+	    uint64_t max_len, void **data, size_t *len,
+	    struct gcs_object *meta);
 int gcs_stat(struct gcs_client *c, const char *bucket, const char *name,
 	     struct gcs_object *meta);
 /* One request (multipart/related), crc32c in the metadata; for small
@@ -132,6 +134,16 @@ int gcs_delete(struct gcs_client *c, const char *bucket, const char *name,
 int gcs_compose(struct gcs_client *c, const char *bucket, const char *dest,
 		const char *const *srcs, const int64_t *src_generations,
 		size_t n, struct gcs_cond cond, struct gcs_object *meta);
+/* Listing under a prefix, page by page (pageToken), without holding
+ * more than a page: fn gets each object (o) or, with a delimiter, each
+ * sub-prefix (p); a non-zero return stops the walk and is returned. A
+ * server whose pages never end is an error after max_list_pages. */
+typedef int (*gcs_list_fn)(void *arg, const struct gcs_object *o,
+			   const char *p);
+int gcs_list_each(struct gcs_client *c, const char *bucket,
+		  const char *prefix, const char *delimiter, gcs_list_fn fn,
+		  void *arg);
+/* The same, collected into arrays (gcs_list_free). */
 int gcs_list(struct gcs_client *c, const char *bucket, const char *prefix,
 	     const char *delimiter, struct gcs_list *out);
 void gcs_list_free(struct gcs_list *l);

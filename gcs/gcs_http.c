@@ -234,6 +234,10 @@ static size_t write_cb(char *p, size_t size, size_t n, void *arg)
 				r->proto_err = 1; /* more than asked */
 				return 0;
 			}
+			if (r->sink_max && r->sink_len + len > r->sink_max) {
+				r->too_big = 1;
+				return 0;
+			}
 			while (cap < r->sink_len + len)
 				cap *= 2;
 			np = realloc(r->sink, cap);
@@ -437,6 +441,7 @@ static int start_attempt(struct gcs_op *op)
 	r->errbuf[0] = 0;
 	r->resp.len = 0;
 	r->proto_err = 0;
+	r->too_big = 0;
 	r->body_off = 0;
 	curl_easy_setopt(e, CURLOPT_URL, r->url);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);

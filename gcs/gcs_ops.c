@@ -115,6 +115,11 @@ static void media_step(struct gcs_op *op)
 		done = r->sink_len;
 		op->mark = done;
 	}
+	if (r->too_big) {
+		op_fail(op, -EFBIG, "download %s: larger than %llu bytes",
+			op->what, (unsigned long long)r->sink_max);
+		return;
+	}
 	if (r->proto_err) {
 		op_fail(op, GCS_E_PROTOCOL,
 			"%s %s: HTTP %ld: the reply is not the byte range asked "
@@ -193,7 +198,7 @@ int gcs_read(struct gcs_client *c, const char *bucket, const char *name,
 }
 
 int gcs_get(struct gcs_client *c, const char *bucket, const char *name,
-	    void **data, size_t *len, struct gcs_object *meta)
+	    uint64_t max_len, void **data, size_t *len, struct gcs_object *meta)
 {
 	struct gcs_op *op = op_new(c, OP_GET, bucket, name);
 	int rc;
@@ -204,6 +209,7 @@ int gcs_get(struct gcs_client *c, const char *bucket, const char *name,
 		return -ENOMEM;
 	op->idempotent = 1;
 	op->step = media_step;
+	op->req.sink_max = max_len;
 	rc = start_or_free(op, build_media(op, 0), &op);
 	if (rc)
 		return rc;
@@ -289,6 +295,28 @@ int gcs_stat(struct gcs_client *c, const char *bucket, const char *name,
 	return rc ? rc : finish_object(op, meta);
 }
 
+/* A create-only insert was retried and then hit 412: the reply to an
+ * earlier attempt may have been lost after the object was stored. If the
+ * object has our size and crc32c, the create was ours (or an identical
+ * one): success. Otherwise the 412 stands. */
+static int create_was_ours(struct gcs_op *op, size_t len)
+{
+	struct gcs_object o = { 0 };
+	char keep[sizeof(op->msg)];
+
+	memcpy(keep, op->msg, sizeof(keep));
+	if (gcs_stat(op->c, op->bucket, op->name, &o) == 0 && o.size == len &&
+	    o.has_crc32c && o.crc32c == op->hash_crc) {
+		gcs_object_clear(&op->obj);
+		op->obj = o;
+		op->has_obj = 1;
+		return 0;
+	}
+	gcs_object_clear(&o);
+	snprintf(op->c->msg, sizeof(op->c->msg), "%s", keep);
+	return GCS_E_PRECONDITION;
+}
+
 int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 	    const void *data, size_t len, struct gcs_cond cond,
 	    struct gcs_object *meta)
@@ -354,7 +382,18 @@ int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 	op->idempotent = cond.if_generation_match >= 0;
 	op->step = object_step;
 	rc = start_or_free(op, rc, &op);
-	return rc ? rc : finish_object(op, meta);
+	if (rc)
+		return rc;
+	rc = gcs_op_wait(op);
+	if (rc == GCS_E_PRECONDITION && cond.if_generation_match == 0 &&
+	    op->attempt > 0)
+		rc = create_was_ours(op, len);
+	if (rc == 0 && meta) {
+		*meta = op->obj;
+		memset(&op->obj, 0, sizeof(op->obj));
+	}
+	gcs_op_free(op);
+	return rc;
 }
 
 static void empty_step(struct gcs_op *op)
@@ -458,52 +497,43 @@ static int build_list(struct gcs_op *op)
 	return req_set(&op->req, "GET", u);
 }
 
+/* Hands one page to the caller's function; a non-zero return stops. */
 static int list_page(struct gcs_op *op, json_t *j)
 {
-	struct gcs_list *l = op->list;
 	json_t *items = json_object_get(j, "items");
 	json_t *pfx = json_object_get(j, "prefixes");
+	struct gcs_object o;
 	json_t *v;
 	size_t i;
+	int rc = 0;
 
 	if ((items && !json_is_array(items)) || (pfx && !json_is_array(pfx)))
 		return op_fail(op, GCS_E_PROTOCOL,
 			       "list %s: items/prefixes are not arrays",
 			       op->what);
-	if (json_array_size(items)) {
-		struct gcs_object *ni = realloc(
-			l->items,
-			(l->n_items + json_array_size(items)) * sizeof(*ni));
-
-		if (!ni)
-			return op_fail(op, -ENOMEM, "list: out of memory");
-		l->items = ni;
-	}
 	json_array_foreach (items, i, v) {
-		if (op_parse_object(op, v, &l->items[l->n_items]))
+		if (op_parse_object(op, v, &o))
 			return op->rc;
-		l->n_items++;
-	}
-	if (json_array_size(pfx)) {
-		char **np = realloc(l->prefixes,
-				    (l->n_prefixes + json_array_size(pfx)) *
-					    sizeof(*np));
-
-		if (!np)
-			return op_fail(op, -ENOMEM, "list: out of memory");
-		l->prefixes = np;
+		rc = op->list_fn(op->list_arg, &o, NULL);
+		gcs_object_clear(&o);
+		if (rc)
+			break;
 	}
 	json_array_foreach (pfx, i, v) {
+		if (rc)
+			break;
 		if (!json_is_string(v))
 			return op_fail(op, GCS_E_PROTOCOL,
 				       "list %s: a prefix is not a string",
 				       op->what);
-		l->prefixes[l->n_prefixes] = strdup(json_string_value(v));
-		if (!l->prefixes[l->n_prefixes])
-			return op_fail(op, -ENOMEM, "list: out of memory");
-		l->n_prefixes++;
+		rc = op->list_fn(op->list_arg, NULL, json_string_value(v));
 	}
-	return 0;
+	if (rc) {
+		/* the caller's own code; its message is its own */
+		op->msg[0] = 0;
+		op_finish(op, rc);
+	}
+	return rc;
 }
 
 static void list_step(struct gcs_op *op)
@@ -555,23 +585,73 @@ static void list_step(struct gcs_op *op)
 		op_issue(op, 0);
 }
 
-int gcs_list(struct gcs_client *c, const char *bucket, const char *prefix,
-	     const char *delimiter, struct gcs_list *out)
+int gcs_list_each(struct gcs_client *c, const char *bucket, const char *prefix,
+		  const char *delimiter, gcs_list_fn fn, void *arg)
 {
 	struct gcs_op *op = op_new(c, OP_LIST, bucket, prefix ? prefix : "");
 	int rc;
 
-	memset(out, 0, sizeof(*out));
 	if (!op)
 		return -ENOMEM;
-	op->list = out;
+	op->list_fn = fn;
+	op->list_arg = arg;
 	op->prefix = strdup(prefix ? prefix : "");
 	op->delimiter = gcs_strdup(delimiter);
 	op->idempotent = 1;
 	op->step = list_step;
 	rc = start_or_free(op, op->prefix ? build_list(op) : -ENOMEM, &op);
-	if (!rc)
-		rc = wait_free(op);
+	return rc ? rc : wait_free(op);
+}
+
+/* grows an array to the next power of two when n reaches one */
+static int grow(void **arr, size_t n, size_t size)
+{
+	void *np;
+
+	if (n & (n - 1))
+		return 0;
+	np = realloc(*arr, (n ? 2 * n : 16) * size);
+	if (!np)
+		return -ENOMEM;
+	*arr = np;
+	return 0;
+}
+
+static int collect(void *arg, const struct gcs_object *o, const char *p)
+{
+	struct gcs_list *l = arg;
+
+	if (o) {
+		if (grow((void **)&l->items, l->n_items, sizeof(*o)))
+			return -ENOMEM;
+		l->items[l->n_items] = *o;
+		l->items[l->n_items].name = strdup(o->name);
+		if (!l->items[l->n_items].name)
+			return -ENOMEM;
+		l->n_items++;
+	} else {
+		if (grow((void **)&l->prefixes, l->n_prefixes, sizeof(char *)))
+			return -ENOMEM;
+		l->prefixes[l->n_prefixes] = strdup(p);
+		if (!l->prefixes[l->n_prefixes])
+			return -ENOMEM;
+		l->n_prefixes++;
+	}
+	return 0;
+}
+
+int gcs_list(struct gcs_client *c, const char *bucket, const char *prefix,
+	     const char *delimiter, struct gcs_list *out)
+{
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = gcs_list_each(c, bucket, prefix, delimiter, collect, out);
+	if (rc == -ENOMEM && !c->msg[0])
+		snprintf(c->msg, sizeof(c->msg),
+			 "gcs: list gs://%s/%s: out "
+			 "of memory",
+			 bucket, prefix ? prefix : "");
 	if (rc)
 		gcs_list_free(out);
 	return rc;

@@ -37,6 +37,8 @@ struct gcs_req {
 	unsigned char *sink;
 	size_t sink_cap, sink_len;
 	int sink_grow;
+	uint64_t sink_max; /* growing sink: 0 = no limit */
+	int too_big;
 	uint32_t sink_crc;
 	int64_t expect_start; /* media must start here (206), -1: any */
 	int proto_err;
@@ -97,7 +99,8 @@ struct gcs_op {
 	struct gcs_object obj;
 	int has_obj;
 	/* list */
-	struct gcs_list *list;
+	gcs_list_fn list_fn;
+	void *list_arg;
 	char *page_token;
 	char *prefix, *delimiter;
 	unsigned pages;

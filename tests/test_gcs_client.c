@@ -74,7 +74,7 @@ static void check_object(struct gcs_client *c, const char *name,
 	size_t len;
 	struct gcs_object o;
 
-	ck_assert_msg(gcs_get(c, BUCKET, name, &data, &len, &o) == 0, "%s",
+	ck_assert_msg(gcs_get(c, BUCKET, name, 0, &data, &len, &o) == 0, "%s",
 		      gcs_errmsg(c));
 	ck_assert_uint_eq(len, n);
 	ck_assert_msg(memcmp(data, want, n) == 0, "bytes of %s differ", name);
@@ -682,6 +682,7 @@ enum hmode {
 	H_ECHO_AUTH,
 	H_METADATA,
 	H_METADATA_NOFLAVOR,
+	H_LOST_REPLY,
 };
 
 struct hstate {
@@ -710,8 +711,7 @@ static void hostile(void *arg, int fd, const char *method, const char *target,
 	const char *a = strcasestr(headers, "\r\nAuthorization: ");
 	char body[1024];
 
-	(void)method;
-	if (a && strstr(target, "/storage/v1/"))
+	if (h->mode != H_LOST_REPLY && a && strstr(target, "/storage/v1/"))
 		sscanf(a + 2, "%511[^\r]", h->auth);
 	switch (h->mode) {
 	case H_BAD_CRC:
@@ -764,6 +764,18 @@ static void hostile(void *arg, int fd, const char *method, const char *target,
 			 h->auth);
 		reply(fd, "403 Forbidden", "", body);
 		break;
+	case H_LOST_REPLY:
+		/* the first insert "fails" (its object is stored all the
+		 * same), the retry meets the object: 412 */
+		if (strcmp(method, "POST") == 0 && h->page++ == 0)
+			reply(fd, "503 Service Unavailable", "", "{}");
+		else if (strcmp(method, "POST") == 0)
+			reply(fd, "412 Precondition Failed", "",
+			      "{\"error\": {\"code\": 412, \"message\": "
+			      "\"conditionNotMet\"}}");
+		else
+			reply(fd, "200 OK", "", h->auth);
+		break;
 	case H_METADATA:
 	case H_METADATA_NOFLAVOR:
 		if (strstr(target, "/computeMetadata/v1/instance/"
@@ -804,15 +816,16 @@ START_TEST(hostile_replies)
 	void *data;
 	size_t len;
 	int before;
+	char crc[9];
 
 	gt_hostile_start(&hs, hostile, &h);
 	c = hostile_client(&hs);
 	h.mode = H_BAD_CRC;
-	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", &data, &len, NULL),
+	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 0, &data, &len, NULL),
 			 GCS_E_CHECKSUM);
 	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "h/obj"));
 	h.mode = H_TRUNCATED;
-	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", &data, &len, NULL),
+	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 0, &data, &len, NULL),
 			 GCS_E_TRANSPORT);
 	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "h/obj"));
 	h.mode = H_GARBAGE;
@@ -831,6 +844,31 @@ START_TEST(hostile_replies)
 	ck_assert_int_eq(h.page, 50);
 	h.mode = H_SAME_TOKEN;
 	ck_assert_int_eq(gcs_list(c, BUCKET, "", NULL, &l), GCS_E_PROTOCOL);
+	/* create-only, reply lost, retry gets 412: ours if size and crc32c
+	 * match (h.auth holds the object resource served to the stat) */
+	h.mode = H_LOST_REPLY;
+	h.page = 0;
+	gcs_crc32c_b64(gcs_crc32c(0, "x", 1), crc);
+	snprintf(h.auth, sizeof(h.auth),
+		 "{\"name\": \"h/c\", \"generation\": \"7\", "
+		 "\"size\": \"1\", \"crc32c\": \"%s\"}",
+		 crc);
+	ck_assert_int_eq(gcs_put(c, BUCKET, "h/c", "x", 1, GCS_CREATE_ONLY, &o),
+			 0);
+	ck_assert_int_eq(o.generation, 7);
+	gcs_object_clear(&o);
+	h.page = 0;
+	ck_assert_int_eq(gcs_put(c, BUCKET, "h/c", "y", 1, GCS_CREATE_ONLY, &o),
+			 GCS_E_PRECONDITION);
+	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "412"));
+	/* without a retry, 412 is 412 */
+	h.page = 1;
+	ck_assert_int_eq(gcs_put(c, BUCKET, "h/c", "x", 1, GCS_CREATE_ONLY, &o),
+			 GCS_E_PRECONDITION);
+	/* too big for the caller's limit */
+	h.mode = H_BAD_CRC;
+	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 4, &data, &len, NULL),
+			 -EFBIG);
 	gcs_client_free(c);
 	gt_hostile_stop(&hs);
 }

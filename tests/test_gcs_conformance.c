@@ -149,7 +149,7 @@ static int perform(struct gcs_client *c, struct run *r)
 		void *d;
 		size_t n;
 
-		rc = gcs_get(c, BUCKET, r->name, &d, &n, NULL);
+		rc = gcs_get(c, BUCKET, r->name, 0, &d, &n, NULL);
 		if (rc == 0) {
 			ck_assert_uint_eq(n, r->len);
 			ck_assert_msg(memcmp(d, r->data, n) == 0,
