@@ -95,9 +95,14 @@ int gcs_client_new(struct gcs_client **out, const struct gcs_config *cfg);
 void gcs_client_free(struct gcs_client *c);
 /* Message of the last failed operation on this client. */
 const char *gcs_errmsg(const struct gcs_client *c);
-/* Counters: HTTP attempts made and attempts that were retries. */
-void gcs_stats(const struct gcs_client *c, uint64_t *requests,
-	       uint64_t *retries);
+/* Counters since the client was made. */
+struct gcs_stats {
+	uint64_t requests; /* HTTP attempts */
+	uint64_t retries;  /* attempts that repeated a failed one */
+	uint64_t connects; /* new connections (the rest reused one) */
+	uint64_t bytes_up, bytes_down;
+};
+void gcs_get_stats(const struct gcs_client *c, struct gcs_stats *st);
 
 /* Drive transfers for at most timeout_ms; returns the number of operations
  * still running. */
@@ -140,9 +145,8 @@ int gcs_compose(struct gcs_client *c, const char *bucket, const char *dest,
  * server whose pages never end is an error after max_list_pages. */
 typedef int (*gcs_list_fn)(void *arg, const struct gcs_object *o,
 			   const char *p);
-int gcs_list_each(struct gcs_client *c, const char *bucket,
-		  const char *prefix, const char *delimiter, gcs_list_fn fn,
-		  void *arg);
+int gcs_list_each(struct gcs_client *c, const char *bucket, const char *prefix,
+		  const char *delimiter, gcs_list_fn fn, void *arg);
 /* The same, collected into arrays (gcs_list_free). */
 int gcs_list(struct gcs_client *c, const char *bucket, const char *prefix,
 	     const char *delimiter, struct gcs_list *out);

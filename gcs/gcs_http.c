@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#define GCS_VERSION "0.1"
 #define RESP_MAX (64u << 20) /* JSON replies: list pages are the biggest */
 
 /* ---- client ---- */
@@ -108,6 +109,8 @@ void gcs_client_free(struct gcs_client *c)
 		if (op->in_flight) {
 			curl_multi_remove_handle(c->multi, op->req.easy);
 			curl_easy_cleanup(op->req.easy);
+			curl_slist_free_all(op->req.sent_hdrs);
+			op->req.sent_hdrs = NULL;
 			op->req.easy = NULL;
 			op->in_flight = 0;
 		}
@@ -131,13 +134,9 @@ const char *gcs_errmsg(const struct gcs_client *c)
 	return c->msg;
 }
 
-void gcs_stats(const struct gcs_client *c, uint64_t *requests,
-	       uint64_t *retries)
+void gcs_get_stats(const struct gcs_client *c, struct gcs_stats *st)
 {
-	if (requests)
-		*requests = c->n_requests;
-	if (retries)
-		*retries = c->n_retries;
+	*st = c->stats;
 }
 
 /* ---- requests ---- */
@@ -366,6 +365,27 @@ static size_t mem_read_cb(char *dst, size_t size, size_t n, void *arg)
 	return want;
 }
 
+/* curl rewinds a body when it resends a request on a fresh connection
+ * (a kept-alive one turned out closed): back to the start of the body. */
+static int seek_cb(void *arg, curl_off_t off, int origin)
+{
+	struct gcs_req *r = arg;
+
+	if (origin != SEEK_SET || off < 0)
+		return CURL_SEEKFUNC_CANTSEEK;
+	if (r->src) {
+		if ((uint64_t)off > r->src_end - r->src_start)
+			return CURL_SEEKFUNC_FAIL;
+		r->src_off = r->src_start + (uint64_t)off;
+		r->cur = NULL;
+	} else {
+		if ((size_t)off > r->body_len)
+			return CURL_SEEKFUNC_FAIL;
+		r->body_off = (size_t)off;
+	}
+	return CURL_SEEKFUNC_OK;
+}
+
 static CURL *pool_get(struct gcs_client *c)
 {
 	if (c->n_pool)
@@ -409,6 +429,13 @@ static int start_attempt(struct gcs_op *op)
 		rc = add_header_list(&h, it->data);
 	if (!rc)
 		rc = add_header_list(&h, "Expect:");
+	if (!rc) {
+		snprintf(tmp, sizeof(tmp),
+			 "x-goog-api-client: gccl-invocation-id/%s "
+			 "gccl-attempt-count/%u",
+			 op->invocation, op->attempt + 1);
+		rc = add_header_list(&h, tmp);
+	}
 	if (!rc && c->cfg.retry_test_id) {
 		snprintf(tmp, sizeof(tmp), "x-retry-test-id: %s",
 			 c->cfg.retry_test_id);
@@ -445,7 +472,11 @@ static int start_attempt(struct gcs_op *op)
 	r->body_off = 0;
 	curl_easy_setopt(e, CURLOPT_URL, r->url);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(e, CURLOPT_PRIVATE, h);
+	curl_easy_setopt(e, CURLOPT_PRIVATE, op);
+	curl_easy_setopt(e, CURLOPT_USERAGENT, "ckpt-gcs/" GCS_VERSION);
+	/* bigger socket buffers than curl's defaults for GiB transfers */
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
+	curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 1024L * 1024);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
@@ -464,6 +495,8 @@ static int start_attempt(struct gcs_op *op)
 	curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)c->cfg.stall_s);
 	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
 			 left > 0.001 ? (long)(left * 1000) : 1L);
+	curl_easy_setopt(e, CURLOPT_SEEKFUNCTION, seek_cb);
+	curl_easy_setopt(e, CURLOPT_SEEKDATA, r);
 	if (r->src) {
 		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		curl_easy_setopt(e, CURLOPT_READFUNCTION, upload_read_cb);
@@ -486,6 +519,8 @@ static int start_attempt(struct gcs_op *op)
 		if (strcmp(r->method, "HEAD") == 0)
 			curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
 	}
+	r->sent_hdrs = h;
+	r->cur = NULL;
 	if (curl_multi_add_handle(c->multi, e) != CURLM_OK) {
 		curl_slist_free_all(h);
 		pool_put(c, e);
@@ -496,19 +531,26 @@ static int start_attempt(struct gcs_op *op)
 	op->in_flight = 1;
 	op->waiting = 0;
 	c->active++;
-	c->n_requests++;
+	c->stats.requests++;
 	return 0;
 }
 
 static void end_attempt(struct gcs_client *c, struct gcs_op *op)
 {
 	struct gcs_req *r = &op->req;
-	struct curl_slist *h = NULL;
+	curl_off_t up = 0, down = 0;
+	long conns = 0;
 
-	curl_easy_getinfo(r->easy, CURLINFO_PRIVATE, (char **)&h);
+	curl_easy_getinfo(r->easy, CURLINFO_NUM_CONNECTS, &conns);
+	curl_easy_getinfo(r->easy, CURLINFO_SIZE_UPLOAD_T, &up);
+	curl_easy_getinfo(r->easy, CURLINFO_SIZE_DOWNLOAD_T, &down);
+	c->stats.connects += (uint64_t)conns;
+	c->stats.bytes_up += (uint64_t)up;
+	c->stats.bytes_down += (uint64_t)down;
 	curl_multi_remove_handle(c->multi, r->easy);
 	pool_put(c, r->easy);
-	curl_slist_free_all(h);
+	curl_slist_free_all(r->sent_hdrs);
+	r->sent_hdrs = NULL;
 	r->easy = NULL;
 	op->in_flight = 0;
 	c->active--;
@@ -527,6 +569,9 @@ void op_init(struct gcs_client *c, struct gcs_op *op, enum gcs_op_kind kind,
 	op->pin_generation = -1;
 	op->bucket = gcs_strdup(bucket);
 	op->name = gcs_strdup(name);
+	c->rng = c->rng * 6364136223846793005ull + 1442695040888963407ull;
+	snprintf(op->invocation, sizeof(op->invocation), "%016llx",
+		 (unsigned long long)(c->rng ^ (c->rng >> 29)));
 	snprintf(op->what, sizeof(op->what), "gs://%s/%s", bucket ? bucket : "",
 		 name ? name : "");
 	op->next = c->ops;
@@ -574,14 +619,13 @@ static void reap(struct gcs_client *c)
 	int left;
 
 	while ((m = curl_multi_info_read(c->multi, &left))) {
-		struct gcs_op *op;
+		struct gcs_op *op = NULL;
 
 		if (m->msg != CURLMSG_DONE)
 			continue;
-		for (op = c->ops; op; op = op->next)
-			if (op->in_flight && op->req.easy == m->easy_handle)
-				break;
-		if (!op)
+		curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE,
+				  (char **)&op);
+		if (!op || !op->in_flight || op->req.easy != m->easy_handle)
 			continue;
 		op->req.cc = m->data.result;
 		curl_easy_getinfo(op->req.easy, CURLINFO_RESPONSE_CODE,

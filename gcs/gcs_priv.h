@@ -23,6 +23,7 @@ struct gcs_buf {
 struct gcs_req {
 	CURL *easy;
 	struct curl_slist *hdrs;
+	struct curl_slist *sent_hdrs; /* the attempt's own list */
 	char *url;
 	const char *method;
 	int auth; /* add the bearer token (storage endpoint only) */
@@ -31,7 +32,8 @@ struct gcs_req {
 	size_t body_len, body_off;
 	int has_body;
 	struct gcs_upload *src;
-	uint64_t src_off, src_end;
+	uint64_t src_start, src_off, src_end;
+	struct gcs_seg *cur; /* read cursor in src's segments */
 	/* media reply goes to sink (fixed or growing), anything else to resp */
 	int media;
 	unsigned char *sink;
@@ -80,7 +82,8 @@ struct gcs_op {
 	double due, t_start, deadline;
 	unsigned attempt; /* attempts of the current request */
 	int idempotent;
-	char what[160]; /* "gs://bucket/name" for messages */
+	char what[160];      /* "gs://bucket/name" for messages */
+	char invocation[17]; /* x-goog-api-client invocation id */
 	char msg[768];
 	struct gcs_req req;
 	struct gcs_op *next, *prev; /* client's list of live ops */
@@ -152,7 +155,7 @@ struct gcs_client {
 	char *token;  /* current bearer token (never logged) */
 	double token_expiry;
 	uint64_t rng;
-	uint64_t n_requests, n_retries;
+	struct gcs_stats stats;
 	char msg[768];
 };
 

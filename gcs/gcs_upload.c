@@ -34,8 +34,10 @@ size_t upload_read_cb(char *dst, size_t size, size_t n, void *arg)
 	size_t want = size * n, out = 0;
 	struct gcs_seg *s;
 
-	for (s = u->head; s && out < want && r->src_off < r->src_end;
-	     s = s->next) {
+	/* segments are only freed between attempts: the cursor stays valid */
+	for (s = r->cur ? r->cur : u->head;
+	     s && out < want && r->src_off < r->src_end; s = s->next) {
+		r->cur = s;
 		uint64_t in, take;
 
 		if (s->off + s->len <= r->src_off)
@@ -152,6 +154,7 @@ static void kick(struct gcs_upload *u)
 		r->has_body = 1;
 		if (len) {
 			r->src = u;
+			r->src_start = u->persisted;
 			r->src_off = u->persisted;
 			r->src_end = u->persisted + len;
 		}

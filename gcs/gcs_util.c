@@ -249,7 +249,7 @@ int op_retry_or_fail(struct gcs_op *op, const char *doing)
 		op->attempt--;
 		return op_http_error(op, doing);
 	}
-	c->n_retries++;
+	c->stats.retries++;
 	op_issue(op, delay);
 	return 1;
 }

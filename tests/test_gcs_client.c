@@ -296,6 +296,7 @@ static int faulty_upload(const char *name, size_t n, const char *method,
 	struct gcs_upload_opts o = { cond, GCS_SIZE_UNKNOWN, 0, 0 };
 	struct rel rel = { 0 };
 	struct gcs_client *c;
+	struct gcs_stats st;
 	int rc;
 
 	ck_assert_ptr_nonnull(id);
@@ -306,7 +307,8 @@ static int faulty_upload(const char *name, size_t n, const char *method,
 	if (rc == 0)
 		check_object(c, name, d, n);
 	ck_assert_int_eq(gt_retry_test_completed(srv.url, id), 1);
-	gcs_stats(c, NULL, retries);
+	gcs_get_stats(c, &st);
+	*retries = st.retries;
 	free(d);
 	gcs_client_free(c);
 	return rc;
@@ -418,7 +420,7 @@ START_TEST(download_broken_stream)
 	size_t n = 1000000, got;
 	unsigned char *d = pattern(n, 4), *buf = malloc(n);
 	struct gcs_config cfg = fast_cfg();
-	uint64_t retries;
+	struct gcs_stats st;
 	const char *id;
 
 	ck_assert_int_eq(gcs_put(c, BUCKET, "dl/obj", d, n, GCS_NO_COND, NULL),
@@ -428,8 +430,8 @@ START_TEST(download_broken_stream)
 	cfg.retry_test_id = id;
 	c = client_with(cfg);
 	check_object(c, "dl/obj", d, n);
-	gcs_stats(c, NULL, &retries);
-	ck_assert_uint_eq(retries, 2);
+	gcs_get_stats(c, &st);
+	ck_assert_uint_eq(st.retries, 2);
 	ck_assert_int_eq(gt_retry_test_completed(srv.url, id), 1);
 	gcs_client_free(c);
 
@@ -628,7 +630,7 @@ START_TEST(parallel_transfers)
 	struct gcs_upload *u[N];
 	struct gcs_op *op[N];
 	size_t got[N];
-	uint64_t reqs;
+	struct gcs_stats st;
 	char name[32];
 	int i;
 
@@ -664,8 +666,12 @@ START_TEST(parallel_transfers)
 		free(d[i]);
 		free(back[i]);
 	}
-	gcs_stats(c, &reqs, NULL);
-	ck_assert_uint_ge(reqs, N * 5);
+	gcs_get_stats(c, &st);
+	ck_assert_uint_ge(st.requests, N * 5);
+	ck_assert_uint_ge(st.bytes_up, N * n);
+	ck_assert_uint_ge(st.bytes_down, N * n);
+	/* connections are kept and reused: at most one per stream */
+	ck_assert_uint_le(st.connects, 8);
 	gcs_client_free(c);
 }
 END_TEST
