@@ -6,7 +6,9 @@
  * several HTTP attempts; the client runs up to `streams` attempts at once
  * and drives them all from whichever thread calls gcs_poll()/gcs_op_wait()
  * (the client is not thread-safe: one thread owns it, e.g. the engine's
- * upload thread). The synchronous helpers are start + wait + free.
+ * upload thread; others hand it work and call gcs_wakeup()). Parallelism
+ * comes from many operations in flight on that one loop, not from
+ * threads. The synchronous helpers are start + wait + free.
  *
  *   caller buffers --append--> gcs_upload (segment queue, no copy)
  *        |                       |  chunk PUT read callback walks segments
@@ -104,9 +106,13 @@ struct gcs_stats {
 };
 void gcs_get_stats(const struct gcs_client *c, struct gcs_stats *st);
 
-/* Drive transfers for at most timeout_ms; returns the number of operations
- * still running. */
+/* Drive transfers for at most timeout_ms (0: only what is ready now);
+ * returns early when nothing is running or after gcs_wakeup(). Returns
+ * the number of operations still running. */
 int gcs_poll(struct gcs_client *c, int timeout_ms);
+/* The one call another thread may make: ends the owner's gcs_poll() (or
+ * the next one) early, e.g. after queueing data for it to append. */
+void gcs_wakeup(struct gcs_client *c);
 int gcs_op_done(const struct gcs_op *op);
 int gcs_op_wait(struct gcs_op *op); /* result: 0 or error */
 const char *gcs_op_errmsg(const struct gcs_op *op);

@@ -658,17 +658,21 @@ int gcs_poll(struct gcs_client *c, int timeout_ms)
 				next = op->due;
 		}
 		now = gcs_now();
-		if (!live || now >= t_end)
+		if (!live || now >= t_end || atomic_exchange(&c->woken, 0))
 			break;
 		wait_ms = (int)((next - now) * 1000) + 1;
 		if (wait_ms > 1000)
 			wait_ms = 1000;
-		if (c->active)
-			curl_multi_poll(c->multi, NULL, 0, wait_ms, NULL);
-		else if (next > now)
-			usleep((useconds_t)wait_ms * 1000);
+		/* sockets, the next retry's time, or gcs_wakeup() */
+		curl_multi_poll(c->multi, NULL, 0, wait_ms, NULL);
 	}
 	return live;
+}
+
+void gcs_wakeup(struct gcs_client *c)
+{
+	atomic_store(&c->woken, 1);
+	curl_multi_wakeup(c->multi);
 }
 
 int gcs_op_done(const struct gcs_op *op)

@@ -14,6 +14,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <stdatomic.h>
 
 struct gcs_buf {
 	char *p;
@@ -156,6 +157,7 @@ struct gcs_client {
 	double token_expiry;
 	uint64_t rng;
 	struct gcs_stats stats;
+	atomic_int woken; /* gcs_wakeup() since the last gcs_poll() */
 	char msg[768];
 };
 

@@ -19,6 +19,7 @@
 #include "gcs.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -676,6 +677,45 @@ START_TEST(parallel_transfers)
 }
 END_TEST
 
+/* ---- another thread ends the owner's poll ---- */
+
+static void *wake_later(void *arg)
+{
+	usleep(100000);
+	gcs_wakeup(arg);
+	return NULL;
+}
+
+START_TEST(wakeup)
+{
+	static const char *const stall[] = { "stall-for-20s-after-0K" };
+	struct gcs_config cfg = fast_cfg();
+	struct gcs_client *c = client();
+	unsigned char buf[100];
+	struct gcs_op *op;
+	pthread_t th;
+	size_t got;
+
+	ck_assert_int_eq(
+		gcs_put(c, BUCKET, "wk/x", "hello", 5, GCS_NO_COND, NULL), 0);
+	gcs_client_free(c);
+	cfg.retry_test_id =
+		gt_retry_test(srv.url, "storage.objects.get", stall, 1);
+	c = client_with(cfg);
+	ck_assert_int_eq(
+		gcs_start_read(c, BUCKET, "wk/x", 0, 5, buf, &got, &op), 0);
+	/* the read stalls for 20 s: only a wakeup ends these polls early */
+	gcs_wakeup(c);
+	ck_assert_int_eq(gcs_poll(c, 60000), 1);
+	pthread_create(&th, NULL, wake_later, c);
+	ck_assert_int_eq(gcs_poll(c, 60000), 1);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(gcs_op_done(op), 0);
+	gcs_op_free(op);
+	gcs_client_free(c);
+}
+END_TEST
+
 /* ---- hostile servers ---- */
 
 enum hmode {
@@ -994,6 +1034,7 @@ static Suite *gcs_suite(void)
 	tcase_add_test(tc, list_pages);
 	tcase_add_test(tc, compose_parts);
 	tcase_add_test(tc, parallel_transfers);
+	tcase_add_test(tc, wakeup);
 	tcase_add_test(tc, hostile_replies);
 	tcase_add_test(tc, auth_token_file);
 	tcase_add_test(tc, auth_metadata_server);
