@@ -118,8 +118,8 @@ int gcs_op_wait(struct gcs_op *op); /* result: 0 or error */
 const char *gcs_op_errmsg(const struct gcs_op *op);
 void gcs_op_free(struct gcs_op *op);
 
-/* Asynchronous ranged read of [off, off+len) into buf; *got is set when it
- * completes (less than len at the end of the object). Bytes are not
+/* Asynchronous ranged read of [off, off+len) into buf (len > 0); *got is
+ * set when it completes (less than len at the end of the object). Bytes are not
  * checked: the caller verifies ranges with its own checksums. */
 int gcs_start_read(struct gcs_client *c, const char *bucket, const char *name,
 		   uint64_t off, size_t len, void *buf, size_t *got,

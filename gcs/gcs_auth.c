@@ -245,12 +245,14 @@ static int fetch_md_token(struct gcs_client *c, char *err, size_t errlen)
 
 			if (json_is_string(t) &&
 			    token_ok(json_string_value(t))) {
+				double life = 300.0;
+
+				if (json_is_integer(x))
+					life = (double)json_integer_value(x);
 				set_token(c, strdup(json_string_value(t)));
-				c->token_expiry =
-					gcs_now() +
-					(json_is_integer(x) ?
-						 (double)json_integer_value(x) :
-						 300.0);
+				c->token_expiry = gcs_now() + life;
+				/* five minutes early, or at half-life */
+				c->token_margin = life > 600 ? 300 : life / 2;
 				rc = c->token ? 0 : -ENOMEM;
 			} else {
 				snprintf(err, errlen,
@@ -293,7 +295,7 @@ int gcs_auth_header(struct gcs_client *c, char **hdr, char *err, size_t errlen)
 		return 0;
 	if (c->token_file)
 		rc = read_token_file(c, err, errlen);
-	else if (!c->token || gcs_now() > c->token_expiry - 300)
+	else if (!c->token || gcs_now() > c->token_expiry - c->token_margin)
 		rc = fetch_md_token(c, err, errlen);
 	if (rc)
 		return rc;

@@ -83,9 +83,9 @@ struct gcs_op {
 	double due, t_start, deadline;
 	unsigned attempt; /* attempts of the current request */
 	int idempotent;
-	char what[160];      /* "gs://bucket/name" for messages */
+	char what[400];      /* "gs://bucket/name" for messages */
 	char invocation[17]; /* x-goog-api-client invocation id */
-	char msg[768];
+	char msg[1024];
 	struct gcs_req req;
 	struct gcs_op *next, *prev; /* client's list of live ops */
 	int owned_by_upload;
@@ -154,11 +154,12 @@ struct gcs_client {
 	char *token_file;
 	char *md_url; /* metadata server token URL */
 	char *token;  /* current bearer token (never logged) */
-	double token_expiry;
+	double token_expiry; /* metadata: when; token file: mtime seen */
+	double token_margin; /* refresh this long before expiry */
 	uint64_t rng;
 	struct gcs_stats stats;
 	atomic_int woken; /* gcs_wakeup() since the last gcs_poll() */
-	char msg[768];
+	char msg[1024];
 };
 
 double gcs_now(void);

@@ -270,6 +270,12 @@ START_TEST(resumable_stream)
 	memset(&rel, 0, sizeof(rel));
 	ck_assert_int_eq(stream_upload(c, "rs/two", d, n, &o, &rel), 0);
 	check_object(c, "rs/two", d, n);
+	/* a multiple of the chunk: the last request carries no bytes */
+	o = (struct gcs_upload_opts){ GCS_CREATE_ONLY, GCS_SIZE_UNKNOWN, 0, 0 };
+	memset(&rel, 0, sizeof(rel));
+	ck_assert_int_eq(
+		stream_upload(c, "rs/exact", d, 4 * GCS_PIECE, &o, &rel), 0);
+	check_object(c, "rs/exact", d, 4 * GCS_PIECE);
 	o = (struct gcs_upload_opts){ GCS_NO_COND, GCS_SIZE_UNKNOWN, 0, 0 };
 	memset(&rel, 0, sizeof(rel));
 	ck_assert_int_eq(stream_upload(c, "rs/empty", d, 0, &o, &rel), 0);
@@ -729,6 +735,7 @@ enum hmode {
 	H_METADATA,
 	H_METADATA_NOFLAVOR,
 	H_LOST_REPLY,
+	H_SPLIT_HASH,
 };
 
 struct hstate {
@@ -810,6 +817,12 @@ static void hostile(void *arg, int fd, const char *method, const char *target,
 			 h->auth);
 		reply(fd, "403 Forbidden", "", body);
 		break;
+	case H_SPLIT_HASH:
+		reply(fd, "200 OK",
+		      "x-goog-hash: md5=XrY7u+Ae7tCTyyK7j1rNww==\r\n"
+		      "x-goog-hash: crc32c=yZRlqg==\r\n",
+		      "hello world");
+		break;
 	case H_LOST_REPLY:
 		/* the first insert "fails" (its object is stored all the
 		 * same), the retry meets the object: 412 */
@@ -825,15 +838,20 @@ static void hostile(void *arg, int fd, const char *method, const char *target,
 	case H_METADATA:
 	case H_METADATA_NOFLAVOR:
 		if (strstr(target, "/computeMetadata/v1/instance/"
-				   "service-accounts/default/token"))
+				   "service-accounts/default/token")) {
+			/* page counts fetches; a short life if page < 0 */
+			snprintf(body, sizeof(body),
+				 "{\"access_token\": \"md-SECRET-42\", "
+				 "\"expires_in\": %d, \"token_type\": "
+				 "\"Bearer\"}",
+				 h->page < 0 ? 0 : 3599);
+			h->page += h->page < 0 ? -1 : 1;
 			reply(fd, "200 OK",
 			      h->mode == H_METADATA ?
 				      "Metadata-Flavor: Google\r\n" :
 				      "",
-			      "{\"access_token\": \"md-SECRET-42\", "
-			      "\"expires_in\": 3599, \"token_type\": "
-			      "\"Bearer\"}");
-		else
+			      body);
+		} else
 			reply(fd, "404 Not Found", "",
 			      "{\"error\": {\"code\": 404, \"message\": "
 			      "\"No such object\"}}");
@@ -870,6 +888,11 @@ START_TEST(hostile_replies)
 	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 0, &data, &len, NULL),
 			 GCS_E_CHECKSUM);
 	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "h/obj"));
+	h.mode = H_SPLIT_HASH; /* two x-goog-hash headers */
+	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 0, &data, &len, NULL), 0);
+	ck_assert_uint_eq(len, 11);
+	ck_assert_mem_eq(data, "hello world", 11);
+	free(data);
 	h.mode = H_TRUNCATED;
 	ck_assert_int_eq(gcs_get(c, BUCKET, "h/obj", 0, &data, &len, NULL),
 			 GCS_E_TRANSPORT);
@@ -982,6 +1005,14 @@ START_TEST(auth_metadata_server)
 	h.auth[0] = 0;
 	ck_assert_int_eq(gcs_stat(c, BUCKET, "m/x", &o), -ENOENT);
 	ck_assert_str_eq(h.auth, "Authorization: Bearer md-SECRET-42");
+	ck_assert_int_eq(h.page, 1);
+	gcs_client_free(c);
+	/* a token that expires at once is fetched again for each request */
+	h.page = -1;
+	ck_assert_int_eq(gcs_client_new(&c, NULL), 0);
+	ck_assert_int_eq(gcs_stat(c, BUCKET, "m/x", &o), -ENOENT);
+	ck_assert_int_eq(gcs_stat(c, BUCKET, "m/x", &o), -ENOENT);
+	ck_assert_int_eq(h.page, -3);
 	gcs_client_free(c);
 	/* a reply without Metadata-Flavor: Google is not trusted */
 	h.mode = H_METADATA_NOFLAVOR;
