@@ -55,19 +55,6 @@ static struct gcs_client *client(void)
 	return client_with(fast_cfg());
 }
 
-static unsigned char *pattern(size_t n, uint64_t seed)
-{
-	unsigned char *p = malloc(n ? n : 1);
-	tu_rng r;
-	size_t i;
-
-	ck_assert_ptr_nonnull(p);
-	tu_rng_seed(&r, seed);
-	for (i = 0; i < n; i++)
-		p[i] = (unsigned char)tu_rng_next(&r);
-	return p;
-}
-
 static void check_object(struct gcs_client *c, const char *name,
 			 const unsigned char *want, size_t n)
 {
@@ -89,7 +76,7 @@ static void check_object(struct gcs_client *c, const char *name,
 START_TEST(crc_vectors)
 {
 	static const char fox[] = "The quick brown fox jumps over the lazy dog";
-	unsigned char *d = pattern(100000, 7);
+	unsigned char *d = gt_pattern(100000, 7);
 	char b64[9];
 	uint32_t crc, whole;
 	size_t cut;
@@ -124,7 +111,7 @@ END_TEST
 START_TEST(put_get_stat_delete)
 {
 	struct gcs_client *c = client();
-	unsigned char *d = pattern(300000, 1), buf[1000];
+	unsigned char *d = gt_pattern(300000, 1), buf[1000];
 	struct gcs_object o, s;
 	size_t got;
 
@@ -256,7 +243,7 @@ START_TEST(resumable_stream)
 {
 	struct gcs_client *c = client();
 	size_t n = 3 * GCS_PIECE * 2 + 12345;
-	unsigned char *d = pattern(n, 2);
+	unsigned char *d = gt_pattern(n, 2);
 	struct rel rel = { 0 };
 	struct gcs_upload_opts o = { GCS_CREATE_ONLY, GCS_SIZE_UNKNOWN, 0, 0 };
 
@@ -299,7 +286,7 @@ static int faulty_upload(const char *name, size_t n, const char *method,
 {
 	struct gcs_config cfg = fast_cfg();
 	const char *id = gt_retry_test(srv.url, method, instr, ni);
-	unsigned char *d = pattern(n, n);
+	unsigned char *d = gt_pattern(n, n);
 	struct gcs_upload_opts o = { cond, GCS_SIZE_UNKNOWN, 0, 0 };
 	struct rel rel = { 0 };
 	struct gcs_client *c;
@@ -360,7 +347,7 @@ START_TEST(resumable_restart)
 {
 	struct gcs_client *c = client();
 	size_t n = 5 * GCS_PIECE + 999, half = 3 * GCS_PIECE + 100;
-	unsigned char *d = pattern(n, 3);
+	unsigned char *d = gt_pattern(n, 3);
 	struct gcs_upload_opts o = { GCS_CREATE_ONLY, GCS_SIZE_UNKNOWN, 0, 0 };
 	struct gcs_upload *u;
 	struct rel rel = { 0 };
@@ -425,7 +412,7 @@ START_TEST(download_broken_stream)
 	static const char *const b[] = { "return-broken-stream-after-256K" };
 	struct gcs_client *c = client();
 	size_t n = 1000000, got;
-	unsigned char *d = pattern(n, 4), *buf = malloc(n);
+	unsigned char *d = gt_pattern(n, 4), *buf = malloc(n);
 	struct gcs_config cfg = fast_cfg();
 	struct gcs_stats st;
 	const char *id;
@@ -590,7 +577,7 @@ END_TEST
 START_TEST(compose_parts)
 {
 	struct gcs_client *c = client();
-	unsigned char *d = pattern(90000, 5);
+	unsigned char *d = gt_pattern(90000, 5);
 	const char *srcs[3] = { "cp/0", "cp/1", "cp/2" };
 	int64_t gens[3];
 	struct gcs_object o;
@@ -644,7 +631,7 @@ START_TEST(parallel_transfers)
 	for (i = 0; i < N; i++) {
 		struct gcs_upload_opts o = { GCS_CREATE_ONLY, n, 0, 0 };
 
-		d[i] = pattern(n, 100 + (uint64_t)i);
+		d[i] = gt_pattern(n, 100 + (uint64_t)i);
 		back[i] = malloc(n);
 		snprintf(name, sizeof(name), "par/%d", i);
 		ck_assert_int_eq(gcs_upload_start(c, BUCKET, name, &o, &u[i]),

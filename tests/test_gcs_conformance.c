@@ -56,19 +56,6 @@ static struct gcs_client *new_client(const char *test_id, size_t chunk)
 	return c;
 }
 
-static unsigned char *data_of(size_t n, uint64_t seed)
-{
-	unsigned char *p = malloc(n);
-	tu_rng r;
-	size_t i;
-
-	ck_assert_ptr_nonnull(p);
-	tu_rng_seed(&r, seed);
-	for (i = 0; i < n; i++)
-		p[i] = (unsigned char)tu_rng_next(&r);
-	return p;
-}
-
 struct run {
 	const char *method;
 	int precondition;
@@ -90,7 +77,7 @@ static void setup(struct gcs_client *plain, struct run *r)
 	r->len = r->resumable ? (9u << 20) + 1234 :
 		 r->download  ? (1u << 20) + 77 :
 				1000;
-	r->data = data_of(r->len, (uint64_t)r->len ^ (uint64_t)getpid());
+	r->data = gt_pattern(r->len, (uint64_t)r->len ^ (uint64_t)getpid());
 	if (strcmp(r->method, "storage.objects.insert") == 0)
 		return;
 	if (strcmp(r->method, "storage.objects.compose") == 0) {

@@ -103,6 +103,23 @@ void gt_server_stop(struct gt_server *s)
 	rmdir(s->dir);
 }
 
+unsigned char *gt_pattern(size_t n, uint64_t seed)
+{
+	unsigned char *p = malloc(n ? n : 1);
+	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+	size_t i;
+
+	if (!p)
+		abort();
+	for (i = 0; i < n; i++) {
+		x ^= x >> 12;
+		x ^= x << 25;
+		x ^= x >> 27;
+		p[i] = (unsigned char)((x * 0x2545f4914f6cdd1dull) >> 56);
+	}
+	return p;
+}
+
 static size_t collect(char *p, size_t sz, size_t n, void *arg)
 {
 	char **out = arg;

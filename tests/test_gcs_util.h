@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct gt_server {
@@ -23,6 +24,10 @@ struct gt_server {
  * /usr/bin/python3 or the server file is missing. */
 void gt_server_start(struct gt_server *s, const char *bucket);
 void gt_server_stop(struct gt_server *s);
+
+/* n deterministic pseudo-random bytes from seed (malloc'd; aborts on
+ * ENOMEM). */
+unsigned char *gt_pattern(size_t n, uint64_t seed);
 
 /* One HTTP request; returns the status (or -1), body in *resp (malloc'd,
  * may be NULL). */
