@@ -670,6 +670,83 @@ START_TEST(parallel_transfers)
 }
 END_TEST
 
+/* ---- a soak: random faults on a quarter of the requests ---- */
+
+struct soak_obj {
+	char name[32];
+	unsigned char *d;
+	size_t n;
+	struct gcs_upload *u;
+};
+
+START_TEST(soak_random_faults)
+{
+	enum { N = 12 };
+	static const char *const args[] = { "--fault-rate", "0.25",
+					    "--fault-seed", "11", NULL };
+	struct gcs_config cfg = fast_cfg();
+	struct gt_server faulty;
+	struct soak_obj ob[N];
+	struct gcs_client *c;
+	struct gcs_stats st;
+	struct gcs_list l;
+	int i;
+
+	gt_server_start_args(&faulty, BUCKET, args);
+	cfg.endpoint = faulty.url;
+	cfg.chunk_bytes = 2 * GCS_PIECE;
+	cfg.stall_s = 1; /* a stalled transfer is given up after 1 s */
+	c = client_with(cfg);
+	for (i = 0; i < N; i++) {
+		struct gcs_upload_opts o = { GCS_CREATE_ONLY, GCS_SIZE_UNKNOWN,
+					     0, 0 };
+
+		ob[i].n = (size_t)(i + 1) * 300000 + 17;
+		ob[i].d = gt_pattern(ob[i].n, 500 + (uint64_t)i);
+		snprintf(ob[i].name, sizeof(ob[i].name), "soak/%02d", i);
+		if (i % 4 == 3) {
+			ob[i].u = NULL; /* a small one: multipart */
+			ob[i].n = 5000 + (size_t)i;
+			continue;
+		}
+		ck_assert_int_eq(gcs_upload_start(c, BUCKET, ob[i].name, &o,
+						  &ob[i].u),
+				 0);
+		ck_assert_int_eq(gcs_upload_append(ob[i].u, ob[i].d, ob[i].n,
+						   NULL, NULL),
+				 0);
+		ck_assert_int_eq(gcs_upload_finish(ob[i].u, NULL), 0);
+	}
+	for (i = 0; i < N; i++) {
+		if (ob[i].u) {
+			ck_assert_msg(gcs_op_wait(gcs_upload_op(ob[i].u)) == 0,
+				      "%s", gcs_errmsg(c));
+			gcs_upload_free(ob[i].u);
+		} else {
+			ck_assert_msg(gcs_put(c, BUCKET, ob[i].name, ob[i].d,
+					      ob[i].n, GCS_CREATE_ONLY,
+					      NULL) == 0,
+				      "%s", gcs_errmsg(c));
+		}
+	}
+	for (i = 0; i < N; i++) {
+		check_object(c, ob[i].name, ob[i].d, ob[i].n);
+		free(ob[i].d);
+	}
+	/* nothing stray, nothing twice */
+	ck_assert_msg(gcs_list(c, BUCKET, "soak/", NULL, &l) == 0, "%s",
+		      gcs_errmsg(c));
+	ck_assert_uint_eq(l.n_items, N);
+	gcs_list_free(&l);
+	gcs_get_stats(c, &st);
+	printf("soak: %llu requests, %llu retries\n",
+	       (unsigned long long)st.requests, (unsigned long long)st.retries);
+	ck_assert_uint_gt(st.retries, 0);
+	gcs_client_free(c);
+	gt_server_stop(&faulty);
+}
+END_TEST
+
 /* ---- another thread ends the owner's poll ---- */
 
 static void *wake_later(void *arg)
@@ -1052,6 +1129,7 @@ static Suite *gcs_suite(void)
 	tcase_add_test(tc, list_pages);
 	tcase_add_test(tc, compose_parts);
 	tcase_add_test(tc, parallel_transfers);
+	tcase_add_test(tc, soak_random_faults);
 	tcase_add_test(tc, wakeup);
 	tcase_add_test(tc, hostile_replies);
 	tcase_add_test(tc, auth_token_file);

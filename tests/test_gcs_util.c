@@ -32,6 +32,12 @@ static void skip(const char *why)
 
 void gt_server_start(struct gt_server *s, const char *bucket)
 {
+	gt_server_start_args(s, bucket, NULL);
+}
+
+void gt_server_start_args(struct gt_server *s, const char *bucket,
+			  const char *const *extra)
+{
 	const char *src = getenv("CKPT_TEST_SRCDIR");
 	const char *srv = getenv("CKPT_FAKE_GCS");
 	char path[512], portfile[300];
@@ -61,8 +67,14 @@ void gt_server_start(struct gt_server *s, const char *bucket)
 
 		if (null >= 0 && !getenv("GT_SERVER_VERBOSE"))
 			dup2(null, 1);
-		execl(PYTHON, PYTHON, srv, "--port-file", portfile, "--bucket",
-		      bucket, (char *)NULL);
+		const char *argv[32] = { PYTHON,   srv,        "--port-file",
+					 portfile, "--bucket", bucket };
+		int k = 6;
+
+		while (extra && *extra && k < 31)
+			argv[k++] = *extra++;
+		argv[k] = NULL;
+		execv(PYTHON, (char *const *)argv);
 		_exit(127);
 	}
 	for (i = 0; i < 3000; i++) {

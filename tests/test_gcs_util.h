@@ -23,6 +23,9 @@ struct gt_server {
  * $CKPT_TEST_SRCDIR/servers/fake_gcs.py). Exits 77 (skip) when
  * /usr/bin/python3 or the server file is missing. */
 void gt_server_start(struct gt_server *s, const char *bucket);
+/* The same with more arguments (NULL-terminated), e.g. --fault-rate. */
+void gt_server_start_args(struct gt_server *s, const char *bucket,
+			  const char *const *extra);
 void gt_server_stop(struct gt_server *s);
 
 /* n deterministic pseudo-random bytes from seed (malloc'd; aborts on
