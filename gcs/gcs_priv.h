@@ -136,6 +136,7 @@ struct gcs_upload {
 	int phase; /* UP_* */
 	int querying;
 	int reattach; /* first status query of a saved session */
+	double delay; /* before the next piece (backoff) */
 	struct gcs_seg *head, *tail;
 };
 

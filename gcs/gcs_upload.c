@@ -165,7 +165,8 @@ static void kick(struct gcs_upload *u)
 	}
 	if (op->attempt == 0) /* a fresh request, not a retry */
 		op->deadline = gcs_now() + op->c->cfg.deadline_s;
-	op_issue(op, 0);
+	op_issue(op, u->delay);
+	u->delay = 0;
 }
 
 static void init_step(struct gcs_upload *u)
@@ -199,6 +200,9 @@ static void init_step(struct gcs_upload *u)
 	r->location = NULL;
 	u->phase = UP_DATA;
 	op->attempt = 0;
+	/* pieces are retried whatever the precondition: the status query
+	 * says what the server has, nothing is sent twice blindly */
+	op->idempotent = 1;
 	kick(u);
 }
 
@@ -237,11 +241,37 @@ static void done_step(struct gcs_upload *u)
 	json_decref(j);
 }
 
+/* A piece was answered 308 but the server kept none of it: count it as a
+ * failed attempt (backoff, deadline, max_attempts), so a server that
+ * never takes bytes ends the upload instead of looping. 1 = failed. */
+static int no_progress(struct gcs_upload *u)
+{
+	struct gcs_op *op = &u->op;
+	struct gcs_client *c = op->c;
+	double delay;
+
+	op->attempt++;
+	delay = op_backoff(op);
+	if ((c->cfg.max_attempts && op->attempt >= c->cfg.max_attempts) ||
+	    gcs_now() + delay >= op->deadline) {
+		op_fail(op, GCS_E_PROTOCOL,
+			"upload %s: the server answers 308 but keeps none of "
+			"the bytes (%llu persisted, %u attempts)",
+			op->what, (unsigned long long)u->persisted,
+			op->attempt);
+		return 1;
+	}
+	c->stats.retries++;
+	u->delay = delay;
+	return 0;
+}
+
 static void data_step(struct gcs_upload *u)
 {
 	struct gcs_op *op = &u->op;
 	struct gcs_req *r = &op->req;
 	const char *doing = u->querying ? "upload status query" : "upload";
+	int progress, was_query;
 
 	if (r->cc == CURLE_OK && r->status == 308) {
 		uint64_t n = r->has_range ? r->range_end : 0;
@@ -261,11 +291,15 @@ static void data_step(struct gcs_upload *u)
 				(unsigned long long)u->persisted);
 			return;
 		}
-		if (n > u->persisted || u->querying)
-			op->attempt = 0;
+		progress = n > u->persisted;
+		was_query = u->querying;
 		u->persisted = n;
 		u->querying = 0;
 		release_below(u, n, 0);
+		if (progress)
+			op->attempt = 0;
+		else if (!was_query && no_progress(u))
+			return;
 		kick(u);
 		return;
 	}

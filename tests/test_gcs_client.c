@@ -335,7 +335,12 @@ START_TEST(resumable_faults)
 				       GCS_CREATE_ONLY, &retries),
 			 0);
 	ck_assert_uint_ge(retries, 2);
-	/* no precondition: the initiation is not repeated blindly */
+	/* no precondition: pieces are still resumed after a failure */
+	ck_assert_int_eq(faulty_upload("rf/h", 1100000, m, a, 1, GCS_NO_COND,
+				       &retries),
+			 0);
+	ck_assert_uint_ge(retries, 1);
+	/* but the initiation is not repeated blindly */
 	ck_assert_int_eq(faulty_upload("rf/g", 1100000, m, g, 1, GCS_NO_COND,
 				       &retries),
 			 GCS_E_TRANSPORT);
@@ -530,6 +535,16 @@ END_TEST
 
 /* ---- list, compose ---- */
 
+static int stop_after;
+
+static int stop_at(void *arg, const struct gcs_object *o, const char *p)
+{
+	(void)arg;
+	(void)p;
+	ck_assert_ptr_nonnull(o);
+	return --stop_after == 0 ? 42 : 0;
+}
+
 START_TEST(list_pages)
 {
 	struct gcs_config cfg = fast_cfg();
@@ -567,6 +582,11 @@ START_TEST(list_pages)
 	ck_assert_str_eq(l.items[0].name, "ls/top");
 	ck_assert_uint_eq(l.n_prefixes, 2);
 	gcs_list_free(&l);
+	/* a callback that stops the walk: its code comes back */
+	stop_after = 10;
+	ck_assert_int_eq(gcs_list_each(c, BUCKET, "ls/p/", NULL, stop_at, NULL),
+			 42);
+	ck_assert_int_eq(stop_after, 0);
 	ck_assert_int_eq(gcs_list(c, BUCKET, "nothing-here/", "/", &l), 0);
 	ck_assert_uint_eq(l.n_items + l.n_prefixes, 0);
 	gcs_list_free(&l);
@@ -800,6 +820,8 @@ enum hmode {
 	H_METADATA_NOFLAVOR,
 	H_LOST_REPLY,
 	H_SPLIT_HASH,
+	H_NO_PROGRESS,
+	H_CHUNK_503,
 };
 
 struct hstate {
@@ -880,6 +902,23 @@ static void hostile(void *arg, int fd, const char *method, const char *target,
 			 "for %s\"}}",
 			 h->auth);
 		reply(fd, "403 Forbidden", "", body);
+		break;
+	case H_NO_PROGRESS:
+	case H_CHUNK_503:
+		/* a session on this server that never keeps a byte: 308, or
+		 * 503 to pieces and 308 to status queries */
+		if (strcmp(method, "POST") == 0) {
+			snprintf(
+				body, sizeof(body),
+				"Location: http://127.0.0.1:%d/upload/s?id=1\r\n",
+				h->page);
+			reply(fd, "200 OK", body, "");
+		} else if (h->mode == H_CHUNK_503 &&
+			   !strstr(headers, "Content-Range: bytes */*")) {
+			reply(fd, "503 Service Unavailable", "", "{}");
+		} else {
+			reply(fd, "308 Resume Incomplete", "", "");
+		}
 		break;
 	case H_SPLIT_HASH:
 		reply(fd, "200 OK",
@@ -972,6 +1011,23 @@ START_TEST(hostile_replies)
 	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "another host"));
 	ck_assert_int_le(hs.requests, before + 1);
 	gcs_upload_free(u);
+	h.mode = H_NO_PROGRESS;
+	h.page = hs.port;
+	ck_assert_int_eq(gcs_upload_start(c, BUCKET, "h/np", NULL, &u), 0);
+	ck_assert_int_eq(gcs_upload_append(u, "abc", 3, NULL, NULL), 0);
+	ck_assert_int_eq(gcs_upload_finish(u, NULL), 0);
+	ck_assert_int_eq(gcs_op_wait(gcs_upload_op(u)), GCS_E_PROTOCOL);
+	ck_assert_ptr_nonnull(strstr(gcs_errmsg(c), "keeps none"));
+	gcs_upload_free(u);
+	h.mode = H_CHUNK_503;
+	ck_assert_int_eq(gcs_upload_start(c, BUCKET, "h/np", NULL, &u), 0);
+	ck_assert_int_eq(gcs_upload_append(u, "abc", 3, NULL, NULL), 0);
+	ck_assert_int_eq(gcs_upload_finish(u, NULL), 0);
+	ck_assert_int_eq(gcs_op_wait(gcs_upload_op(u)), GCS_E_HTTP);
+	ck_assert_msg(strstr(gcs_errmsg(c), "after 3 attempts"), "%s",
+		      gcs_errmsg(c));
+	gcs_upload_free(u);
+	h.page = 0;
 	h.mode = H_ENDLESS;
 	ck_assert_int_eq(gcs_list(c, BUCKET, "", NULL, &l), GCS_E_PROTOCOL);
 	ck_assert_int_eq(h.page, 50);
