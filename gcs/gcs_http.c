@@ -152,7 +152,7 @@ void req_reset(struct gcs_req *r)
 	r->resp.len = 0;
 	if (r->resp.p)
 		r->resp.p[0] = 0;
-	r->body = NULL;
+	memset(r->iov, 0, sizeof(r->iov));
 	r->body_len = r->body_off = 0;
 	r->has_body = 0;
 	r->src = NULL;
@@ -356,13 +356,36 @@ static size_t header_cb(char *line, size_t size, size_t n, void *arg)
 static size_t mem_read_cb(char *dst, size_t size, size_t n, void *arg)
 {
 	struct gcs_req *r = arg;
-	size_t want = size * n, left = r->body_len - r->body_off;
+	size_t want = size * n, out = 0, base = 0;
+	unsigned i;
 
-	if (want > left)
-		want = left;
-	memcpy(dst, r->body + r->body_off, want);
-	r->body_off += want;
-	return want;
+	for (i = 0; i < 3 && out < want; i++) {
+		size_t end = base + r->iov[i].n;
+
+		if (r->body_off < end) {
+			size_t in = r->body_off - base,
+			       take = end - r->body_off;
+
+			if (take > want - out)
+				take = want - out;
+			memcpy(dst + out, (const char *)r->iov[i].p + in, take);
+			out += take;
+			r->body_off += take;
+		}
+		base = end;
+	}
+	return out;
+}
+
+void req_body(struct gcs_req *r, const void *head, size_t head_len,
+	      const void *mid, size_t mid_len, const void *tail,
+	      size_t tail_len)
+{
+	r->iov[0] = (struct gcs_iov){ head, head_len };
+	r->iov[1] = (struct gcs_iov){ mid, mid_len };
+	r->iov[2] = (struct gcs_iov){ tail, tail_len };
+	r->body_len = head_len + mid_len + tail_len;
+	r->has_body = 1;
 }
 
 /* curl rewinds a body when it resends a request on a fresh connection
@@ -511,7 +534,8 @@ static int start_attempt(struct gcs_op *op)
 				 (curl_off_t)r->body_len);
 	} else if (strcmp(r->method, "POST") == 0) {
 		curl_easy_setopt(e, CURLOPT_POST, 1L);
-		curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body ? r->body : "");
+		curl_easy_setopt(e, CURLOPT_READFUNCTION, mem_read_cb);
+		curl_easy_setopt(e, CURLOPT_READDATA, r);
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
 				 (curl_off_t)r->body_len);
 	} else if (strcmp(r->method, "GET") != 0) {
@@ -717,6 +741,7 @@ void op_release(struct gcs_op *op)
 	free(op->prefix);
 	free(op->delimiter);
 	free(op->body);
+	free(op->body2);
 	gcs_object_clear(&op->obj);
 }
 

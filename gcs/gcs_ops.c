@@ -324,7 +324,6 @@ int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 	struct gcs_op *op;
 	char boundary[40], crc[9], hdr[96], *b = NULL, *u = NULL, *js = NULL;
 	json_t *md;
-	size_t pre, post;
 	int rc;
 
 	if (len > c->cfg.multipart_max)
@@ -350,16 +349,11 @@ int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 			    boundary, js, boundary) :
 		 NULL;
 	free(js);
-	pre = b ? strlen(b) : 0;
-	post = strlen(boundary) + 8;
-	op->body = b ? realloc(b, pre + len + post + 1) : NULL;
-	if (!op->body) {
-		free(b);
+	/* head and tail are ours; the data is sent from the caller's buffer */
+	op->body = b;
+	op->body2 = gcs_printf("\r\n--%s--\r\n", boundary);
+	if (!op->body || !op->body2)
 		return start_or_free(op, -ENOMEM, &op);
-	}
-	memcpy(op->body + pre, data, len);
-	snprintf(op->body + pre + len, post + 1, "\r\n--%s--\r\n", boundary);
-	op->body_len = pre + len + post;
 	{
 		char *bk = gcs_escape(bucket), *nm = gcs_escape(name);
 
@@ -376,9 +370,8 @@ int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 		 "Content-Type: multipart/related; boundary=%s", boundary);
 	if (!rc)
 		rc = req_header(&op->req, hdr);
-	op->req.body = op->body;
-	op->req.body_len = op->body_len;
-	op->req.has_body = 1;
+	req_body(&op->req, op->body, strlen(op->body), data, len, op->body2,
+		 strlen(op->body2));
 	op->idempotent = cond.if_generation_match >= 0;
 	op->step = object_step;
 	rc = start_or_free(op, rc, &op);
@@ -458,7 +451,6 @@ int gcs_compose(struct gcs_client *c, const char *bucket, const char *dest,
 	json_decref(req);
 	if (!op->body)
 		return start_or_free(op, -ENOMEM, &op);
-	op->body_len = strlen(op->body);
 	rc = req_set(&op->req, "POST", object_url(c, bucket, dest, "/compose"));
 	if (!rc)
 		rc = req_cond(&op->req, cond);
@@ -466,9 +458,7 @@ int gcs_compose(struct gcs_client *c, const char *bucket, const char *dest,
 		rc = req_header(
 			&op->req,
 			"Content-Type: application/json; charset=UTF-8");
-	op->req.body = op->body;
-	op->req.body_len = op->body_len;
-	op->req.has_body = 1;
+	req_body(&op->req, op->body, strlen(op->body), NULL, 0, NULL, 0);
 	op->idempotent = cond.if_generation_match >= 0;
 	op->step = object_step;
 	rc = start_or_free(op, rc, &op);

@@ -28,9 +28,13 @@ struct gcs_req {
 	char *url;
 	const char *method;
 	int auth; /* add the bearer token (storage endpoint only) */
-	/* request body: memory, or an upload's segments */
-	const char *body;
-	size_t body_len, body_off;
+	/* request body: up to three pieces of memory (multipart: head,
+	 * the caller's data, tail; no copy), or an upload's segments */
+	struct gcs_iov {
+		const void *p;
+		size_t n;
+	} iov[3];
+	size_t body_len, body_off; /* total, and bytes read so far */
 	int has_body;
 	struct gcs_upload *src;
 	uint64_t src_start, src_off, src_end;
@@ -108,9 +112,8 @@ struct gcs_op {
 	char *page_token;
 	char *prefix, *delimiter;
 	unsigned pages;
-	/* body kept for re-sends */
-	char *body;
-	size_t body_len;
+	/* bodies built by the op (JSON, multipart head and tail) */
+	char *body, *body2;
 };
 
 struct gcs_seg {
@@ -153,8 +156,8 @@ struct gcs_client {
 	char *origin;       /* scheme://host[:port], for session URIs */
 	int anonymous;
 	char *token_file;
-	char *md_url; /* metadata server token URL */
-	char *token;  /* current bearer token (never logged) */
+	char *md_url;        /* metadata server token URL */
+	char *token;         /* current bearer token (never logged) */
 	double token_expiry; /* metadata: when; token file: mtime seen */
 	double token_margin; /* refresh this long before expiry */
 	uint64_t rng;
@@ -184,6 +187,9 @@ void req_reset(struct gcs_req *r);
 void op_release(struct gcs_op *op);
 int req_set(struct gcs_req *r, const char *method, char *url);
 int req_header(struct gcs_req *r, const char *h);
+void req_body(struct gcs_req *r, const void *head, size_t head_len,
+	      const void *mid, size_t mid_len, const void *tail,
+	      size_t tail_len);
 int req_cond(struct gcs_req *r, struct gcs_cond cond); /* appends query */
 int op_parse_object(struct gcs_op *op, json_t *j, struct gcs_object *o);
 json_t *op_json_reply(struct gcs_op *op, const char *doing);

@@ -373,7 +373,6 @@ int gcs_upload_start(struct gcs_client *c, const char *bucket, const char *name,
 		return -ENOMEM;
 	}
 	u->op.body = js;
-	u->op.body_len = strlen(js);
 	rc = req_set(&u->op.req, "POST",
 		     gcs_printf("%s/b/%s/o?uploadType=resumable&name=%s",
 				c->upload, bk, nm));
@@ -398,9 +397,7 @@ int gcs_upload_start(struct gcs_client *c, const char *bucket, const char *name,
 		gcs_upload_free(u);
 		return rc;
 	}
-	u->op.req.body = u->op.body;
-	u->op.req.body_len = u->op.body_len;
-	u->op.req.has_body = 1;
+	req_body(&u->op.req, js, strlen(js), NULL, 0, NULL, 0);
 	u->op.idempotent = u->opts.cond.if_generation_match >= 0;
 	u->phase = UP_INIT;
 	op_issue(&u->op, 0);
