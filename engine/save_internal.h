@@ -1,6 +1,17 @@
 /*
- * save_internal.h - what the save side of the engine (save.c, writer.c,
- * commit.c) shares. Not API.
+ * save_internal.h - what the save side of the engine shares. Not API.
+ *
+ * Files, each using only those below it (arrows point one way):
+ *
+ *   handle.c      ckpt_open/close, settings: builds all of the below
+ *     save.c      ckpt_save validation + copy, ckpt_wait/poll
+ *     encode.c    worker threads: hash, codec, chunk framing
+ *     writer.c    writer thread: dispatch to sinks, index, commit (commit.c)
+ *     sink_local.c the local shard-file sink (io_uring / pwrite)
+ *   pool.c        buffers, refcounts, free lists, job status (bottom layer)
+ *
+ * save.c, encode.c, writer.c and the sinks never call each other: they meet
+ * in the pool and the queues below (work queue, writer queue, eventfd).
  *
  * Data path of one save:
  *
@@ -184,7 +195,20 @@ struct ckpt {
 		bytes_stored;
 };
 
-/* save.c */
+/* io_uring registers at most 1 GiB per iovec: buffers are registered in
+ * pieces of this size (eng_buf.fixed is the piece index). */
+#define ENG_REG_PIECE (1ull << 30)
+
+/* pool.c */
+/* mmap, pre-fault and thread the pool's buffers onto their free lists. */
+int eng_pool_alloc(struct ckpt *c);
+/* Next free slot / output buffer; NULL once the job failed (or, for
+ * outputs, at shutdown). Block while none is free. */
+eng_buf *eng_pool_get_slot(struct ckpt *c, eng_job *job);
+eng_buf *eng_pool_get_out(struct ckpt *c, eng_job *job);
+/* Back to its free list now (no reference counting). */
+void eng_buf_release(struct ckpt *c, eng_buf *b);
+/* Drops a reference; the last one releases the buffer. */
 void eng_buf_unref(struct ckpt *c, eng_buf *b);
 void eng_thread_background(int nice);
 void eng_writer_wake(struct ckpt *c);
@@ -195,6 +219,7 @@ int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)
 int eng_job_status(struct ckpt *c, eng_job *job);
 void eng_job_free(eng_job *job);
 
+/* save.c */
 /* Open-addressing set of byte strings (tensor names). */
 typedef struct eng_nameset {
 	size_t cap, n;
@@ -209,8 +234,13 @@ int eng_nameset_add(eng_nameset *s, const char *k, size_t len, size_t v,
 		    size_t *val);
 void eng_nameset_free(eng_nameset *s);
 
+/* encode.c */
+void *eng_worker_main(void *arg);
+
 /* writer.c */
 void *eng_writer_main(void *arg);
+
+/* sink_local.c */
 int eng_local_sink_new(struct ckpt *c, eng_sink **out);
 
 /* commit.c */
