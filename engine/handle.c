@@ -333,3 +333,15 @@ CKPT_API int ckpt_close(ckpt *c)
 	handle_free(c);
 	return r;
 }
+
+void eng_io_stats_get(const ckpt *c, eng_io_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!c)
+		return;
+	out->uring_writes = atomic_load(&c->io_st.uring_writes);
+	out->pwrite_writes = atomic_load(&c->io_st.pwrite_writes);
+	out->direct_files = atomic_load(&c->io_st.direct_files);
+	out->submit_retries = atomic_load(&c->io_st.submit_retries);
+	out->uring_fallbacks = atomic_load(&c->io_st.uring_fallbacks);
+}

@@ -33,6 +33,8 @@ const char *eng_tls_errmsg(void);
 
 /* ---- the I/O table ---------------------------------------------------- */
 
+struct io_uring;
+
 /*
  * Every file-system call of the engine goes through this table so tests
  * can inject ENOSPC, EIO, short writes and crashes. All functions return
@@ -43,6 +45,11 @@ const char *eng_tls_errmsg(void);
  * byte count or -errno) and may replace it with a -errno or a smaller
  * count; the engine must then behave exactly as if the kernel had said so
  * (short counts are continued, errors fail the save or load).
+ *
+ * uring_submit stands for io_uring_submit(): it returns how many queued
+ * entries the kernel took (possibly fewer than queued; the rest stay in
+ * the ring for the next call) or -errno. A hook may take fewer by calling
+ * the real one with some entries held back (see tests/test_faults.c).
  * NULL members mean "the real thing".
  */
 typedef struct eng_io {
@@ -58,7 +65,25 @@ typedef struct eng_io {
 	int (*rmdir)(const char *path);
 	long (*write_result)(int fd, uint64_t off, size_t len, long res);
 	long (*read_result)(int fd, uint64_t off, size_t len, long res);
+	int (*ftruncate)(int fd, off_t len);
+	int (*fallocate)(int fd, int mode, off_t off, off_t len);
+	int (*fcntl)(int fd, int cmd, long arg);
+	int (*uring_submit)(struct io_uring *ring);
 } eng_io;
+
+/*
+ * Which I/O paths a save handle took, so a test that claims a path can
+ * check it did (tests/test_roundtrip.c, test_faults.c). Counts since
+ * ckpt_open(); a write continued after a short count counts again.
+ */
+typedef struct eng_io_stats {
+	uint64_t uring_writes;    /* write entries the kernel took */
+	uint64_t pwrite_writes;   /* writes done with pwrite */
+	uint64_t direct_files;    /* shard files opened with O_DIRECT */
+	uint64_t submit_retries;  /* partial, EAGAIN or EBUSY submits */
+	uint64_t uring_fallbacks; /* hard ring errors: pwrite from then on */
+} eng_io_stats;
+void eng_io_stats_get(const ckpt *c, eng_io_stats *out);
 
 /* Installs a table for the whole process (tests only); NULL restores the
  * real one. Members left NULL fall back to the real calls. */
@@ -77,6 +102,12 @@ int eng_rename(const char *from, const char *to);
 int eng_unlink(const char *path);
 int eng_mkdir(const char *path, mode_t mode); /* EEXIST is success */
 int eng_rmdir(const char *path);
+int eng_ftruncate(int fd, off_t len);
+int eng_fallocate(int fd, int mode, off_t off, off_t len);
+/* fcntl with an integer argument: the result (>= 0) or -errno. */
+int eng_fcntl(int fd, int cmd, long arg);
+/* io_uring_submit(): entries taken (>= 0) or -errno. */
+int eng_uring_submit(struct io_uring *ring);
 /* Filters for io_uring completions (see write_result above). */
 long eng_filter_write(int fd, uint64_t off, size_t len, long res);
 long eng_filter_read(int fd, uint64_t off, size_t len, long res);

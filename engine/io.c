@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <liburing.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -26,10 +27,10 @@ static const eng_io *cur(void)
 	return atomic_load_explicit(&io_table, memory_order_acquire);
 }
 
-#define NEG_ERRNO(expr)                                                   \
-	do {                                                              \
-		long r_ = (long)(expr);                                   \
-		return r_ < 0 ? -errno : (int)r_;                         \
+#define NEG_ERRNO(expr)                           \
+	do {                                      \
+		long r_ = (long)(expr);           \
+		return r_ < 0 ? -errno : (int)r_; \
 	} while (0)
 
 int eng_open(const char *path, int flags, mode_t mode)
@@ -189,4 +190,40 @@ int eng_rmdir(const char *path)
 	if (io && io->rmdir)
 		return io->rmdir(path);
 	NEG_ERRNO(rmdir(path));
+}
+
+int eng_ftruncate(int fd, off_t len)
+{
+	const eng_io *io = cur();
+
+	if (io && io->ftruncate)
+		return io->ftruncate(fd, len);
+	NEG_ERRNO(ftruncate(fd, len));
+}
+
+int eng_fallocate(int fd, int mode, off_t off, off_t len)
+{
+	const eng_io *io = cur();
+
+	if (io && io->fallocate)
+		return io->fallocate(fd, mode, off, len);
+	NEG_ERRNO(fallocate(fd, mode, off, len));
+}
+
+int eng_fcntl(int fd, int cmd, long arg)
+{
+	const eng_io *io = cur();
+
+	if (io && io->fcntl)
+		return io->fcntl(fd, cmd, arg);
+	NEG_ERRNO(fcntl(fd, cmd, arg));
+}
+
+int eng_uring_submit(struct io_uring *ring)
+{
+	const eng_io *io = cur();
+
+	if (io && io->uring_submit)
+		return io->uring_submit(ring);
+	return io_uring_submit(ring);
 }

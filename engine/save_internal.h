@@ -172,6 +172,11 @@ struct ckpt {
 	struct io_uring ring;
 	int have_ring;
 	int fixed_bufs;
+	int ring_broken; /* writer only: a hard submit error, pwrite now */
+	struct {         /* which paths this handle's saves took (tests) */
+		atomic_ullong uring_writes, pwrite_writes, direct_files,
+			submit_retries, uring_fallbacks;
+	} io_st;
 
 	pthread_t *workers;
 	unsigned nstarted;

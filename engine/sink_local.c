@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "save_internal.h"
@@ -30,8 +31,10 @@ typedef struct local_sink {
 	int *buffered; /* O_DIRECT dropped after an unaligned short write */
 	char **tmp, **fin;
 	eng_buf *hdr; /* pseudo chunks for the shard headers */
-	eng_buf *pend_head, *pend_tail;
-	unsigned inflight;
+	eng_buf *pend_head, *pend_tail; /* not yet in the ring */
+	eng_buf *sq_head, *sq_tail; /* in the ring, not taken by the kernel */
+	unsigned nsq;
+	unsigned inflight; /* taken by the kernel, completion pending */
 	int uring, direct, prealloc;
 	int failed;
 	int renamed, published;
@@ -60,6 +63,8 @@ static void ls_clear(local_sink *ls)
 	ls->nfiles = 0;
 	ls->job = NULL;
 	ls->pend_head = ls->pend_tail = NULL;
+	ls->sq_head = ls->sq_tail = NULL;
+	ls->nsq = 0;
 	ls->inflight = 0;
 	ls->failed = ls->renamed = ls->published = 0;
 }
@@ -101,30 +106,72 @@ static void ls_drop(local_sink *ls, eng_buf *b)
 		eng_buf_unref(ls->base.c, b);
 }
 
-static void ls_enqueue(local_sink *ls, eng_buf *b, int front)
+static void q_push(eng_buf **head, eng_buf **tail, eng_buf *b, int front)
 {
 	b->io_next = NULL;
-	if (!ls->pend_head) {
-		ls->pend_head = ls->pend_tail = b;
+	if (!*head) {
+		*head = *tail = b;
 	} else if (front) {
-		b->io_next = ls->pend_head;
-		ls->pend_head = b;
+		b->io_next = *head;
+		*head = b;
 	} else {
-		ls->pend_tail->io_next = b;
-		ls->pend_tail = b;
+		(*tail)->io_next = b;
+		*tail = b;
 	}
 }
 
+static eng_buf *q_pop(eng_buf **head, eng_buf **tail)
+{
+	eng_buf *b = *head;
+
+	if (b) {
+		*head = b->io_next;
+		if (!*head)
+			*tail = NULL;
+		b->io_next = NULL;
+	}
+	return b;
+}
+
+static void ls_enqueue(local_sink *ls, eng_buf *b, int front)
+{
+	q_push(&ls->pend_head, &ls->pend_tail, b, front);
+}
+
+/* pwrite of what is left of b (all of it, or the rest of a short write). */
 static void ls_sync_write(local_sink *ls, eng_buf *b)
 {
-	int r = eng_pwrite_all(ls->fd[b->file], b->p, b->span, b->file_offset);
+	uint64_t off = b->file_offset + b->io_done;
+	size_t len = (size_t)(b->span - b->io_done);
+	int r = eng_pwrite_all(ls->fd[b->file], b->p + b->io_done, len, off);
 
+	atomic_fetch_add_explicit(&ls->base.c->io_st.pwrite_writes, 1,
+				  memory_order_relaxed);
 	if (r < 0) {
-		ls_fail_write(ls, b, r, b->file_offset, b->span);
+		ls_fail_write(ls, b, r, off, len);
 		ls_drop(ls, b);
 		return;
 	}
 	ls_done(ls, b);
+}
+
+/* Clears O_DIRECT on file f (pwrite continues at unaligned offsets). */
+static int ls_go_buffered(local_sink *ls, uint32_t f)
+{
+	int fd = ls->fd[f], fl, r;
+
+	if (!ls->direct || ls->buffered[f] || fd < 0)
+		return 0;
+	fl = eng_fcntl(fd, F_GETFL, 0);
+	r = fl < 0 ? fl : eng_fcntl(fd, F_SETFL, fl & ~O_DIRECT);
+	if (r < 0) {
+		ls->failed = 1;
+		return eng_job_fail(ls->base.c, ls->job, r,
+				    "%s: fcntl clearing O_DIRECT: %s",
+				    ls->tmp[f], ckpt_strerror(r));
+	}
+	ls->buffered[f] = 1;
+	return 0;
 }
 
 static int ls_begin(eng_sink *s, eng_job *job)
@@ -136,8 +183,10 @@ static int ls_begin(eng_sink *s, eng_job *job)
 
 	ls_clear(ls);
 	ls->job = job;
-	ls->uring = c->have_ring;
-	ls->direct = c->direct;
+	/* after a hard ring error the handle stays on pwrite, which cannot
+	 * continue short O_DIRECT writes at unaligned offsets */
+	ls->uring = c->have_ring && !c->ring_broken;
+	ls->direct = c->direct && ls->uring;
 	ls->prealloc = 0;
 	ls->fd = malloc(n * sizeof(*ls->fd));
 	ls->buffered = calloc(n, sizeof(*ls->buffered));
@@ -170,12 +219,15 @@ static int ls_begin(eng_sink *s, eng_job *job)
 			return eng_job_fail(c, job, fd, "%s: create: %s",
 					    ls->tmp[f], ckpt_strerror(fd));
 		ls->fd[f] = fd;
+		if (ls->direct)
+			atomic_fetch_add_explicit(&c->io_st.direct_files, 1,
+						  memory_order_relaxed);
 		/* Writes inside the file size run concurrently on ext4/xfs;
 		 * extending O_DIRECT writes are serialized and synchronous.
 		 * The planned size is an upper bound (raw spans), trimmed at
 		 * finish. Only an optimization: failure is ignored. */
 		if (ls->direct &&
-		    fallocate(fd, 0, 0, (off_t)job->file_cap[f]) == 0)
+		    eng_fallocate(fd, 0, 0, (off_t)job->file_cap[f]) == 0)
 			ls->prealloc = 1;
 	}
 	for (f = 0; f < n; f++) {
@@ -236,13 +288,10 @@ static void ls_complete(local_sink *ls, eng_buf *b, long res, int failed)
 			ls_drop(ls, b);
 			return;
 		}
-		if (ls->direct && !ls->buffered[b->file] &&
-		    (b->io_done % FMT_ALIGN) != 0) {
-			int fl = fcntl(fd, F_GETFL);
-
-			if (fl >= 0)
-				fcntl(fd, F_SETFL, fl & ~O_DIRECT);
-			ls->buffered[b->file] = 1;
+		if ((b->io_done % FMT_ALIGN) != 0 &&
+		    ls_go_buffered(ls, b->file) < 0) {
+			ls_drop(ls, b);
+			return;
 		}
 		ls_enqueue(ls, b, 1);
 		return;
@@ -250,69 +299,172 @@ static void ls_complete(local_sink *ls, eng_buf *b, long res, int failed)
 	ls_done(ls, b);
 }
 
-static int ls_pump(eng_sink *s, int failed, int *busy)
+/* Reaps every available completion; returns how many. */
+static unsigned ls_reap(local_sink *ls, int failed)
 {
-	local_sink *ls = (local_sink *)s;
-	struct ckpt *c = s->c;
+	struct ckpt *c = ls->base.c;
 	struct io_uring_cqe *cqe;
-	unsigned prepared = 0;
+	unsigned n = 0;
 
-	*busy = 0;
-	if (!ls->uring)
-		return 0;
 	while (ls->inflight > 0 && io_uring_peek_cqe(&c->ring, &cqe) == 0) {
 		eng_buf *b = io_uring_cqe_get_data(cqe);
 		long res = cqe->res;
 
 		io_uring_cqe_seen(&c->ring, cqe);
 		ls->inflight--;
+		n++;
 		ls_complete(ls, b, res, failed);
 	}
-	if (failed || ls->failed) {
-		while (ls->pend_head) {
-			eng_buf *b = ls->pend_head;
+	return n;
+}
 
-			ls->pend_head = b->io_next;
-			ls_drop(ls, b);
-		}
-		ls->pend_tail = NULL;
+/*
+ * A hard ring error (not EAGAIN/EBUSY/EINTR, or a ring that takes nothing
+ * for ENG_SUBMIT_TRIES attempts while idle): this handle writes with pwrite
+ * from now on. Entries still in the ring were not taken by the kernel and
+ * never will be (nothing enters the ring again), so their buffers are
+ * written here; what the kernel took completes as usual.
+ */
+static void ls_fallback(local_sink *ls, int err)
+{
+	struct ckpt *c = ls->base.c;
+	eng_buf *b;
+	uint32_t f;
+
+	c->ring_broken = 1;
+	atomic_fetch_add_explicit(&c->io_st.uring_fallbacks, 1,
+				  memory_order_relaxed);
+	/* not a failure of the save: noted for ckpt_errmsg() */
+	pthread_mutex_lock(&c->mu);
+	eng_err(c->errmsg, err,
+		"%s: io_uring submit: %s; this handle writes with pwrite now",
+		ls->job->stepdir, ckpt_strerror(err));
+	pthread_mutex_unlock(&c->mu);
+	ls->uring = 0;
+	for (f = 0; f < ls->nfiles && !ls->failed; f++)
+		ls_go_buffered(ls, f);
+	/* order does not matter: every buffer has its own file range */
+	while ((b = q_pop(&ls->sq_head, &ls->sq_tail)) != NULL) {
+		ls->nsq--;
+		ls_enqueue(ls, b, 0);
 	}
-	while (ls->pend_head && ls->inflight < c->s.queue_depth) {
+}
+
+/* Moves the first n entries of the ring queue to the in-flight count. */
+static void ls_taken(local_sink *ls, unsigned n)
+{
+	struct ckpt *c = ls->base.c;
+
+	if (n > ls->nsq)
+		n = ls->nsq;
+	for (unsigned i = 0; i < n; i++)
+		q_pop(&ls->sq_head, &ls->sq_tail);
+	ls->nsq -= n;
+	ls->inflight += n;
+	atomic_fetch_add_explicit(&c->io_st.uring_writes, n,
+				  memory_order_relaxed);
+}
+
+/*
+ * Submission. The kernel may take fewer entries than queued (the rest stay
+ * in the ring and go with the next submit), or none with EAGAIN/EBUSY
+ * (short of memory, or the completion queue is full): then reap and retry.
+ * Only entries the kernel took are in flight, so the writer never waits
+ * for a completion that cannot come. While nothing is in flight no
+ * completion will wake the writer: retry here after a short sleep, and
+ * treat a ring that takes nothing for ENG_SUBMIT_TRIES attempts as broken.
+ */
+#define ENG_SUBMIT_TRIES 1000
+static void ls_submit(local_sink *ls, int failed)
+{
+	struct ckpt *c = ls->base.c;
+	unsigned idle_tries = 0;
+
+	while (ls->nsq > 0) {
+		int r = eng_uring_submit(&c->ring);
+
+		if (r == -EINTR)
+			continue;
+		if (r > 0) {
+			if ((unsigned)r < ls->nsq)
+				atomic_fetch_add_explicit(
+					&c->io_st.submit_retries, 1,
+					memory_order_relaxed);
+			ls_taken(ls, (unsigned)r);
+			idle_tries = 0;
+			continue;
+		}
+		if (r == 0 || r == -EAGAIN || r == -EBUSY) {
+			atomic_fetch_add_explicit(&c->io_st.submit_retries, 1,
+						  memory_order_relaxed);
+			if (ls_reap(ls, failed) > 0)
+				continue;
+			if (ls->inflight > 0)
+				return; /* a completion wakes the writer */
+			if (++idle_tries < ENG_SUBMIT_TRIES) {
+				struct timespec ts = { 0, 1000000 };
+
+				nanosleep(&ts, NULL);
+				continue;
+			}
+			if (r == 0)
+				r = -EAGAIN;
+		}
+		ls_fallback(ls, r);
+		return;
+	}
+}
+
+static int ls_pump(eng_sink *s, int failed, int *busy)
+{
+	local_sink *ls = (local_sink *)s;
+	struct ckpt *c = s->c;
+
+	*busy = 0;
+	ls_reap(ls, failed);
+	if (failed || ls->failed) {
+		eng_buf *b;
+
+		/* entries already in the ring are written and reaped: the
+		 * ring must be empty before the next save uses it */
+		while ((b = q_pop(&ls->pend_head, &ls->pend_tail)) != NULL)
+			ls_drop(ls, b);
+	}
+	while (ls->uring && ls->pend_head &&
+	       ls->inflight + ls->nsq < c->s.queue_depth) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
-		eng_buf *b = ls->pend_head;
-		uint8_t *p = b->p + b->io_done;
-		unsigned len = (unsigned)(b->span - b->io_done);
-		uint64_t off = b->file_offset + b->io_done;
+		eng_buf *b;
+		uint8_t *p;
+		unsigned len;
+		uint64_t off;
 
 		if (!sqe)
 			break;
-		ls->pend_head = b->io_next;
-		if (!ls->pend_head)
-			ls->pend_tail = NULL;
+		b = q_pop(&ls->pend_head, &ls->pend_tail);
+		p = b->p + b->io_done;
+		len = (unsigned)(b->span - b->io_done);
+		off = b->file_offset + b->io_done;
 		if (c->fixed_bufs && b->fixed >= 0)
 			io_uring_prep_write_fixed(sqe, ls->fd[b->file], p, len,
 						  off, b->fixed);
 		else
 			io_uring_prep_write(sqe, ls->fd[b->file], p, len, off);
 		io_uring_sqe_set_data(sqe, b);
-		ls->inflight++;
-		prepared++;
+		q_push(&ls->sq_head, &ls->sq_tail, b, 0);
+		ls->nsq++;
 	}
-	if (prepared) {
-		int r;
+	if (ls->uring && ls->nsq > 0)
+		ls_submit(ls, failed);
+	/* without a ring (or after falling back): write what is queued */
+	while (!ls->uring && ls->pend_head) {
+		eng_buf *b = q_pop(&ls->pend_head, &ls->pend_tail);
 
-		do
-			r = io_uring_submit(&c->ring);
-		while (r == -EINTR);
-		if (r < 0 && !ls->failed) {
-			/* The entries stay in the ring and are submitted by
-			 * the next io_uring_enter; the save is lost anyway. */
-			ls->failed = 1;
-			eng_job_fail(c, ls->job, r, "%s: io_uring submit: %s",
-				     ls->job->stepdir, ckpt_strerror(r));
-		}
+		if (failed || ls->failed)
+			ls_drop(ls, b);
+		else
+			ls_sync_write(ls, b);
 	}
-	*busy = ls->inflight > 0 || ls->pend_head != NULL;
+	*busy = ls->inflight > 0 || ls->nsq > 0 || ls->pend_head != NULL;
 	return ls->failed ? -EIO : 0;
 }
 
@@ -327,8 +479,7 @@ static int ls_finish(eng_sink *s, eng_job *job)
 		int fd = ls->fd[f];
 
 		if (ls->prealloc &&
-		    ftruncate(fd, (off_t)job->file_end[f]) < 0) {
-			r = -errno;
+		    (r = eng_ftruncate(fd, (off_t)job->file_end[f])) < 0) {
 			return eng_job_fail(
 				c, job, r, "%s: truncate to %llu: %s",
 				ls->tmp[f],

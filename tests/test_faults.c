@@ -26,11 +26,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -703,6 +705,324 @@ START_TEST(test_read_faults)
 }
 END_TEST
 
+/* ---- io_uring submission, ftruncate, fallocate, fcntl ---------------- */
+
+/*
+ * Submission faults go through eng_io.uring_submit. "Fewer than queued" is
+ * made real: the hook hides all but one prepared entry from the real
+ * io_uring_submit (sqe_tail is liburing's local end of the queue), so the
+ * kernel takes one and the rest stay in the ring, as after a partial
+ * submit. Every save runs under a watchdog: a hang fails the test with a
+ * message instead of running into the suite timeout.
+ */
+enum sub_mode { SUB_NONE, SUB_ERR_ONCE, SUB_PARTIAL, SUB_SOFT,
+		SUB_SOFT_ALWAYS };
+
+static atomic_int sub_mode, sub_err;
+static atomic_long n_submits, n_soft, n_partial;
+static atomic_int fail_ftruncate, fail_fallocate, fail_fcntl, odd_short;
+static atomic_long n_ftruncate, n_fallocate, n_fcntl;
+
+static int u_submit(struct io_uring *ring)
+{
+	long n = atomic_fetch_add(&n_submits, 1) + 1;
+	unsigned queued = ring->sq.sqe_tail - ring->sq.sqe_head, hide;
+	int r;
+
+	switch (atomic_load(&sub_mode)) {
+	case SUB_ERR_ONCE:
+		if (n == 1)
+			return atomic_load(&sub_err);
+		break;
+	case SUB_SOFT:
+		if (n % 2) {
+			atomic_fetch_add(&n_soft, 1);
+			return n % 4 == 1 ? -EAGAIN : -EBUSY;
+		}
+		break;
+	case SUB_SOFT_ALWAYS:
+		atomic_fetch_add(&n_soft, 1);
+		return -EAGAIN;
+	case SUB_PARTIAL:
+		if (queued > 1) {
+			hide = queued - 1;
+			ring->sq.sqe_tail -= hide;
+			r = io_uring_submit(ring);
+			ring->sq.sqe_tail += hide;
+			atomic_fetch_add(&n_partial, 1);
+			return r;
+		}
+		break;
+	}
+	return io_uring_submit(ring);
+}
+
+static int u_ftruncate(int fd, off_t len)
+{
+	atomic_fetch_add(&n_ftruncate, 1);
+	if (atomic_load(&fail_ftruncate))
+		return -EIO;
+	return ftruncate(fd, len) ? -errno : 0;
+}
+
+static int u_fallocate(int fd, int m, off_t off, off_t len)
+{
+	atomic_fetch_add(&n_fallocate, 1);
+	if (atomic_load(&fail_fallocate))
+		return -EOPNOTSUPP;
+	return fallocate(fd, m, off, len) ? -errno : 0;
+}
+
+static int u_fcntl(int fd, int cmd, long arg)
+{
+	atomic_fetch_add(&n_fcntl, 1);
+	if (atomic_load(&fail_fcntl))
+		return -EINVAL;
+	int r = fcntl(fd, cmd, arg);
+	return r < 0 ? -errno : r;
+}
+
+/* With odd_short: the first data write reports 100 bytes fewer than it
+ * wrote, so the rest continues at an unaligned offset (O_DIRECT must go). */
+static long u_write_result(int fd, uint64_t off, size_t len, long res)
+{
+	(void)fd;
+	(void)len;
+	if (off >= 4096 && res > 4096 && atomic_exchange(&odd_short, 0))
+		return res - 100;
+	return res;
+}
+
+static const eng_io uhooks = {
+	.uring_submit = u_submit,
+	.ftruncate = u_ftruncate,
+	.fallocate = u_fallocate,
+	.fcntl = u_fcntl,
+	.write_result = u_write_result,
+};
+
+static void u_reset(void)
+{
+	atomic_store(&sub_mode, SUB_NONE);
+	atomic_store(&sub_err, 0);
+	atomic_store(&n_submits, 0);
+	atomic_store(&n_soft, 0);
+	atomic_store(&n_partial, 0);
+	atomic_store(&fail_ftruncate, 0);
+	atomic_store(&fail_fallocate, 0);
+	atomic_store(&fail_fcntl, 0);
+	atomic_store(&odd_short, 0);
+	atomic_store(&n_ftruncate, 0);
+	atomic_store(&n_fallocate, 0);
+	atomic_store(&n_fcntl, 0);
+}
+
+typedef struct watch {
+	ckpt *c;
+	uint64_t step;
+	int close; /* ckpt_close instead of a save */
+	int rc, done;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+} watch;
+
+static void *watch_run(void *arg)
+{
+	watch *w = arg;
+	int rc = w->close ? ckpt_close(w->c) : save_step(w->c, w->step);
+
+	pthread_mutex_lock(&w->mu);
+	w->rc = rc;
+	w->done = 1;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+/* save_step (or ckpt_close) in a thread; fails the test if it has not
+ * returned after 60 s (times $CKPT_TEST_TIMEOUT_MULT). */
+static int watched(ckpt *c, uint64_t step, int close, const char *ctx)
+{
+	const char *m = getenv("CKPT_TEST_TIMEOUT_MULT");
+	int secs = 60 * (m && atoi(m) > 0 ? atoi(m) : 1);
+	watch w = { .c = c, .step = step, .close = close };
+	struct timespec dl;
+	pthread_t t;
+
+	pthread_mutex_init(&w.mu, NULL);
+	pthread_cond_init(&w.cv, NULL);
+	ck_assert_int_eq(pthread_create(&t, NULL, watch_run, &w), 0);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += secs;
+	pthread_mutex_lock(&w.mu);
+	while (!w.done &&
+	       pthread_cond_timedwait(&w.cv, &w.mu, &dl) != ETIMEDOUT)
+		;
+	int done = w.done;
+	pthread_mutex_unlock(&w.mu);
+	ck_assert_msg(done, "%s: %s of step %llu hung (no return in %d s)",
+		      ctx, close ? "ckpt_close" : "save",
+		      (unsigned long long)step, secs);
+	pthread_join(t, NULL);
+	return w.rc;
+}
+
+/* Opens an io_uring handle (cfg 0: with O_DIRECT, 1: without); skips the
+ * test (returns NULL) if this machine gives it no ring. */
+static ckpt *open_uring(const char *dir, int direct, eng_io_stats *st)
+{
+	ckpt *c = open_cfg(dir, direct ? 0 : 2, 0);
+	eng_io_set(&uhooks);
+	u_reset();
+	ck_assert_int_eq(watched(c, 1, 0, "plain save"), 0);
+	eng_io_stats_get(c, st);
+	if (st->uring_writes == 0 || (direct && st->direct_files == 0)) {
+		eng_io_set(NULL);
+		ckpt_close(c);
+		return NULL;
+	}
+	ck_assert_int_eq(st->pwrite_writes, 0);
+	return c;
+}
+
+START_TEST(test_submit_faults)
+{
+	static const int modes[] = { SUB_ERR_ONCE, SUB_ERR_ONCE, SUB_PARTIAL,
+				     SUB_SOFT, SUB_SOFT_ALWAYS };
+	static const int errs[] = { -EIO, -EINVAL, 0, 0, 0 };
+	static const char *const names[] = { "submit -EIO", "submit -EINVAL",
+					     "partial submit",
+					     "EAGAIN/EBUSY", "EAGAIN forever" };
+	int direct = _i / 5, k = _i % 5;
+	const char *dir = tu_tmpdir();
+	eng_io_stats a, b;
+	char ctx[128];
+	ckpt *c = open_uring(dir, direct, &a);
+
+	if (!c)
+		TU_SKIP("no io_uring (or O_DIRECT) here");
+	snprintf(ctx, sizeof(ctx), "%s%s", names[k],
+		 direct ? " +O_DIRECT" : "");
+	atomic_store(&sub_err, errs[k]);
+	atomic_store(&n_submits, 0);
+	atomic_store(&sub_mode, modes[k]);
+	int rc = watched(c, 2, 0, ctx);
+	ck_assert_msg(rc == 0, "%s: %d %s", ctx, rc, ckpt_errmsg(c));
+	eng_io_stats_get(c, &b);
+	int hard = modes[k] == SUB_ERR_ONCE || modes[k] == SUB_SOFT_ALWAYS;
+	ck_assert_msg(b.uring_fallbacks == (hard ? 1u : 0u),
+		      "%s: %llu fallbacks", ctx,
+		      (unsigned long long)b.uring_fallbacks);
+	if (hard) {
+		/* the rest went through pwrite, and the handle stays there */
+		ck_assert_uint_gt(b.pwrite_writes, 0);
+		ck_assert_msg(strstr(ckpt_errmsg(c), "io_uring submit"),
+			      "%s: message: %s", ctx, ckpt_errmsg(c));
+	} else {
+		ck_assert_uint_eq(b.pwrite_writes, 0);
+		ck_assert_uint_gt(b.uring_writes, a.uring_writes);
+		ck_assert_uint_gt(b.submit_retries, 0);
+		ck_assert_int_gt(modes[k] == SUB_PARTIAL ?
+					 atomic_load(&n_partial) :
+					 atomic_load(&n_soft),
+				 0);
+	}
+	atomic_store(&sub_mode, SUB_NONE);
+	ck_assert_int_eq(watched(c, 3, 0, ctx), 0);
+	eng_io_stats_get(c, &a);
+	if (hard)
+		ck_assert_uint_eq(a.uring_writes, b.uring_writes);
+	else
+		ck_assert_uint_gt(a.uring_writes, b.uring_writes);
+	for (uint64_t s = 1; s <= 3; s++)
+		check_step(dir, s, ctx);
+	ck_assert_int_eq(watched(c, 0, 1, ctx), 0);
+	eng_io_set(NULL);
+}
+END_TEST
+
+/* A hard submit error on an O_DIRECT handle needs fcntl to drop O_DIRECT
+ * for pwrite; if that fails too the save fails cleanly, and the handle
+ * (now without a ring and O_DIRECT) saves the step again. */
+START_TEST(test_fallback_fcntl_fails)
+{
+	const char *dir = tu_tmpdir();
+	eng_io_stats st;
+	ckpt *c = open_uring(dir, 1, &st);
+
+	if (!c)
+		TU_SKIP("no io_uring with O_DIRECT here");
+	atomic_store(&sub_err, -EIO);
+	atomic_store(&n_submits, 0);
+	atomic_store(&sub_mode, SUB_ERR_ONCE);
+	atomic_store(&fail_fcntl, 1);
+	int rc = watched(c, 2, 0, "fallback, fcntl fails");
+	ck_assert_msg(rc == -EINVAL, "rc %d %s", rc, ckpt_errmsg(c));
+	ck_assert_msg(strstr(ckpt_errmsg(c), "O_DIRECT") &&
+			      strstr(ckpt_errmsg(c), ".shard"),
+		      "message: %s", ckpt_errmsg(c));
+	ck_assert_int_eq(listed(c, 2), 0);
+	atomic_store(&fail_fcntl, 0);
+	atomic_store(&sub_mode, SUB_NONE);
+	ck_assert_int_eq(watched(c, 2, 0, "after the fallback"), 0);
+	check_step(dir, 1, "fallback");
+	check_step(dir, 2, "fallback");
+	ck_assert_int_eq(watched(c, 0, 1, "close"), 0);
+	eng_io_set(NULL);
+}
+END_TEST
+
+/* ftruncate (trimming preallocated O_DIRECT files) fails: the save fails
+ * with the error and names the file. fallocate failing is harmless (only
+ * an optimisation). An unaligned short write on O_DIRECT continues
+ * buffered (fcntl); if that fcntl fails, the save fails cleanly. */
+START_TEST(test_truncate_fallocate_fcntl)
+{
+	const char *dir = tu_tmpdir();
+	eng_io_stats st;
+	ckpt *c = open_uring(dir, 1, &st);
+
+	if (!c)
+		TU_SKIP("no io_uring with O_DIRECT here");
+	ck_assert_int_gt(atomic_load(&n_fallocate), 0);
+	if (atomic_load(&n_ftruncate) == 0) {
+		ckpt_close(c);
+		eng_io_set(NULL);
+		TU_SKIP("this file system does not preallocate");
+	}
+	atomic_store(&fail_ftruncate, 1);
+	int rc = watched(c, 2, 0, "ftruncate");
+	ck_assert_msg(rc == -EIO, "ftruncate: %d %s", rc, ckpt_errmsg(c));
+	ck_assert_msg(strstr(ckpt_errmsg(c), "truncate"), "%s",
+		      ckpt_errmsg(c));
+	ck_assert_int_eq(listed(c, 2), 0);
+	atomic_store(&fail_ftruncate, 0);
+
+	atomic_store(&fail_fallocate, 1);
+	atomic_store(&n_ftruncate, 0);
+	ck_assert_int_eq(watched(c, 2, 0, "fallocate fails"), 0);
+	ck_assert_int_eq(atomic_load(&n_ftruncate), 0); /* nothing to trim */
+	atomic_store(&fail_fallocate, 0);
+
+	atomic_store(&odd_short, 1);
+	atomic_store(&n_fcntl, 0);
+	ck_assert_int_eq(watched(c, 3, 0, "unaligned short write"), 0);
+	ck_assert_int_eq(atomic_load(&odd_short), 0);
+	ck_assert_int_ge(atomic_load(&n_fcntl), 2); /* F_GETFL + F_SETFL */
+
+	atomic_store(&odd_short, 1);
+	atomic_store(&fail_fcntl, 1);
+	rc = watched(c, 4, 0, "fcntl fails");
+	ck_assert_msg(rc == -EINVAL, "fcntl: %d %s", rc, ckpt_errmsg(c));
+	ck_assert_int_eq(listed(c, 4), 0);
+	atomic_store(&fail_fcntl, 0);
+	for (uint64_t s = 1; s <= 3; s++)
+		check_step(dir, s, "truncate/fallocate/fcntl");
+	ck_assert_int_eq(watched(c, 0, 1, "close"), 0);
+	eng_io_set(NULL);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("faults");
@@ -716,5 +1036,10 @@ int main(void)
 	tcase_add_loop_test(tc, test_short_writes, 0, 4);
 	tcase_add_loop_test(tc, test_read_faults, 0, 4);
 	suite_add_tcase(s, tc);
+	TCase *tu = tu_tcase("uring", 240);
+	tcase_add_loop_test(tu, test_submit_faults, 0, 10);
+	tcase_add_test(tu, test_fallback_fcntl_fails);
+	tcase_add_test(tu, test_truncate_fallocate_fcntl);
+	suite_add_tcase(s, tu);
 	return tu_main(s);
 }
