@@ -285,6 +285,54 @@ static void step_set(tu_set *set, uint64_t step)
 	tu_set_add(set, "f", CKPT_F32, 1, c, step + 2000);
 }
 
+static int uring_works(void)
+{
+	struct io_uring ring;
+
+	if (io_uring_queue_init(4, &ring, 0) < 0)
+		return 0;
+	io_uring_queue_exit(&ring);
+	return 1;
+}
+
+/* 0 if this machine can take the I/O path cfg names (io_uring, O_DIRECT
+ * in dir), else why not: the test is then skipped. */
+static const char *cfg_unusable(int cfg, const char *dir)
+{
+	int uring = !(cfg_flags[cfg] & CKPT_F_NO_URING);
+	if (uring && !uring_works())
+		return "no io_uring on this machine";
+	if (uring && !(cfg_flags[cfg] & CKPT_F_NO_DIRECT) &&
+	    !eng_probe_direct(dir))
+		return "no O_DIRECT in the test directory";
+	return NULL;
+}
+
+/* At the top of a test looping over cfg: skip where the path is missing. */
+#define CFG_SKIP(cfg)                                                    \
+	do {                                                             \
+		const char *no_ = cfg_unusable((cfg), tu_tmpdir());      \
+		if (no_)                                                 \
+			TU_SKIP(no_);                                    \
+	} while (0)
+
+/* After a save: the handle took the path cfg names (see cfg_unusable). */
+static void check_path(ckpt *c, int cfg)
+{
+	int uring = !(cfg_flags[cfg] & CKPT_F_NO_URING);
+	int direct = uring && !(cfg_flags[cfg] & CKPT_F_NO_DIRECT);
+	eng_io_stats st;
+	eng_io_stats_get(c, &st);
+	ck_assert_msg(uring ? st.uring_writes > 0 && st.pwrite_writes == 0 :
+			      st.uring_writes == 0 && st.pwrite_writes > 0,
+		      "%s: %llu io_uring writes, %llu pwrites", cfg_names[cfg],
+		      (unsigned long long)st.uring_writes,
+		      (unsigned long long)st.pwrite_writes);
+	ck_assert_msg(direct == (st.direct_files > 0),
+		      "%s: %llu O_DIRECT files", cfg_names[cfg],
+		      (unsigned long long)st.direct_files);
+}
+
 static ckpt *open_cfg(const char *dir, int cfg, int manual)
 {
 	ckpt_settings s;
@@ -358,6 +406,7 @@ static struct counts measure_mode(int cfg, int manual)
 	eng_io_set(&hooks);
 	atomic_store(&cur_step, 1);
 	ck_assert_int_eq(save_step(c, 1), 0);
+	check_path(c, cfg);
 	if (manual)
 		ck_assert_int_eq(ckpt_commit(c, 1), 0);
 	atomic_store(&cur_step, 2);
@@ -542,6 +591,7 @@ static void run_series_mode(int cfg, int m, long total, int err,
 	atomic_store(&mode, M_NONE);
 	atomic_store(&cur_step, 1);
 	ck_assert_int_eq(save_step(c, 1), 0);
+	check_path(c, cfg);
 	if (manual)
 		ck_assert_int_eq(ckpt_commit(c, 1), 0);
 	uint64_t prev = 1;
@@ -574,6 +624,7 @@ static void run_fault_series(int cfg, int m, long total, int err,
 
 START_TEST(test_enospc_nth_write)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	run_fault_series(_i, M_WRITE_ERR, k.writes, -ENOSPC, "ENOSPC write");
 }
@@ -581,6 +632,7 @@ END_TEST
 
 START_TEST(test_eio_nth_write)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	/* fewer cases: every third write */
 	const char *dir = tu_tmpdir();
@@ -588,6 +640,7 @@ START_TEST(test_eio_nth_write)
 	eng_io_set(&hooks);
 	atomic_store(&cur_step, 1);
 	ck_assert_int_eq(save_step(c, 1), 0);
+	check_path(c, _i);
 	uint64_t prev = 1;
 	for (long n = 1; n <= k.writes; n += 3)
 		fault_case(dir, c, &prev, M_WRITE_ERR, n, -EIO, "EIO write");
@@ -598,6 +651,7 @@ END_TEST
 
 START_TEST(test_eio_nth_fsync)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	run_fault_series(_i, M_FSYNC_ERR, k.syncs, -EIO, "EIO fsync");
 }
@@ -605,6 +659,7 @@ END_TEST
 
 START_TEST(test_eio_nth_rename)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	run_fault_series(_i, M_RENAME_ERR, k.renames, -EIO, "EIO rename");
 }
@@ -612,6 +667,7 @@ END_TEST
 
 START_TEST(test_enospc_nth_create)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	ck_assert_int_gt(k.creates, 2);
 	run_fault_series(_i, M_OPEN_ERR, k.creates, -ENOSPC, "ENOSPC create");
@@ -621,6 +677,7 @@ END_TEST
 /* The same faults in ckpt_commit of a step saved with manual commit. */
 START_TEST(test_commit_faults)
 {
+	CFG_SKIP(_i);
 	struct counts k = measure_mode(_i, 1);
 	run_series_mode(_i, M_WRITE_ERR, k.writes, -ENOSPC, "ENOSPC write", 1);
 	run_series_mode(_i, M_FSYNC_ERR, k.syncs, -EIO, "EIO fsync", 1);
@@ -632,6 +689,7 @@ END_TEST
 
 START_TEST(test_short_writes)
 {
+	CFG_SKIP(_i);
 	const char *dir = tu_tmpdir();
 	ckpt *c = open_cfg(dir, _i, 0);
 	eng_io_set(&hooks);
@@ -645,6 +703,7 @@ START_TEST(test_short_writes)
 	}
 	atomic_store(&mode, M_NONE);
 	ck_assert_int_gt(atomic_load(&shorts), 0);
+	check_path(c, _i);
 	for (uint64_t step = 1; step <= 3; step++)
 		check_step(dir, step, "short writes");
 	ck_assert_int_eq(ckpt_close(c), 0);
@@ -654,9 +713,11 @@ END_TEST
 
 START_TEST(test_read_faults)
 {
+	CFG_SKIP(_i);
 	const char *dir = tu_tmpdir();
 	ckpt *c = open_cfg(dir, _i, 0);
 	ck_assert_int_eq(save_step(c, 1), 0);
+	check_path(c, _i);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	ckpt_settings rs;
 	ckpt_settings_default(&rs);

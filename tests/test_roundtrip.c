@@ -4,6 +4,7 @@
  * retention, gc, verify and copy.
  */
 #include <errno.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "testutil.h"
 
 static char why[1024];
@@ -1092,12 +1094,31 @@ START_TEST(test_verify_copy)
 }
 END_TEST
 
-/* Same data through both I/O paths and with/without O_DIRECT. */
+/* 1 if this machine gives a process an io_uring. */
+static int uring_works(void)
+{
+	struct io_uring ring;
+
+	if (io_uring_queue_init(4, &ring, 0) < 0)
+		return 0;
+	io_uring_queue_exit(&ring);
+	return 1;
+}
+
+/* Same data through both I/O paths and with/without O_DIRECT. The save
+ * side must have taken the path the flags ask for (eng_io_stats); where
+ * this machine has no io_uring or O_DIRECT the case is skipped. */
 START_TEST(test_io_paths)
 {
 	static const uint32_t flags[] = {0, CKPT_F_NO_URING, CKPT_F_NO_DIRECT,
 					 CKPT_F_NO_URING | CKPT_F_NO_DIRECT};
 	const char *dir = tu_tmpdir();
+	int uring = !(flags[_i] & CKPT_F_NO_URING);
+	int direct = uring && !(flags[_i] & CKPT_F_NO_DIRECT);
+	if (uring && !uring_works())
+		TU_SKIP("no io_uring on this machine");
+	if (direct && !eng_probe_direct(dir))
+		TU_SKIP("no O_DIRECT in the test directory");
 	ckpt_settings s;
 	tu_settings(&s);
 	s.flags = flags[_i];
@@ -1105,6 +1126,25 @@ START_TEST(test_io_paths)
 	tu_set set;
 	codec_set(&set);
 	save_ok(c, 1, &set);
+	eng_io_stats st;
+	eng_io_stats_get(c, &st);
+	fprintf(stderr, "flags 0x%x: %llu io_uring writes, %llu pwrites, "
+			"%llu O_DIRECT files\n", flags[_i],
+		(unsigned long long)st.uring_writes,
+		(unsigned long long)st.pwrite_writes,
+		(unsigned long long)st.direct_files);
+	if (uring) {
+		ck_assert_uint_gt(st.uring_writes, 0);
+		ck_assert_uint_eq(st.pwrite_writes, 0);
+	} else {
+		ck_assert_uint_eq(st.uring_writes, 0);
+		ck_assert_uint_gt(st.pwrite_writes, 0);
+	}
+	if (direct)
+		ck_assert_uint_gt(st.direct_files, 0);
+	else
+		ck_assert_uint_eq(st.direct_files, 0);
+	ck_assert_uint_eq(st.uring_fallbacks, 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	for (int k = 0; k < 4; k++) {
 		ckpt_settings rs;
