@@ -11,6 +11,7 @@
  * (pool.c, save_internal.h): it calls nothing in encode.c or writer.c.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,6 +410,13 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 		return set_err(c, -EINVAL,
 			       "ckpt_save: this handle was opened with "
 			       "staging_bytes 0 and cannot save");
+	/* the index and COMMIT documents hold the step as a JSON integer of
+	 * at most 2^63-1 (SPEC.md): refuse before copying anything */
+	if (step > (uint64_t)INT64_MAX)
+		return set_err(c, -EINVAL,
+			       "ckpt_save: step %llu is above 2^63-1, the "
+			       "largest step the format records",
+			       (unsigned long long)step);
 	r = build_job(c, step, tensors, count, &job);
 	if (r < 0)
 		return r;
@@ -544,14 +552,14 @@ CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p)
 		p->bytes_committed = c->bytes_committed;
 		p->bytes_stored = c->bytes_stored;
 	}
+	/* observes only: the status stays for ckpt_wait(), the next
+	 * ckpt_save() (CKPT_E_PREVIOUS) or ckpt_close() */
 	if (c->busy) {
 		r = 1;
 	} else {
 		r = c->status;
-		if (r) {
-			c->uncollected = 0;
+		if (r)
 			eng_err(c->errmsg, r, "%s", c->status_msg);
-		}
 	}
 	pthread_mutex_unlock(&c->mu);
 	return r;

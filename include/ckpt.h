@@ -287,7 +287,8 @@ typedef struct ckpt_tensor {
  * continues in the background: collect the outcome with ckpt_wait() or
  * ckpt_poll(). May be called from any thread.
  *
- * Errors: -EINVAL (bad argument, message names the tensor), CKPT_E_DUPNAME,
+ * Errors: -EINVAL (bad argument, message names the tensor; a step above
+ * 2^63-1, which the format cannot record), CKPT_E_DUPNAME,
  * CKPT_E_BUSY (a save is in flight), CKPT_E_EXISTS (step committed),
  * CKPT_E_PREVIOUS (an earlier save failed and its status was never
  * collected: that status is consumed by this call), or a background error
@@ -328,7 +329,10 @@ CKPT_API int ckpt_wait(ckpt *c);
 
 /*
  * Non-blocking progress. Returns 1 while a save is in flight, 0 when idle
- * or finished successfully, or the failed save's error (which collects it).
+ * or finished successfully, or the failed save's error. It only observes:
+ * a failure seen here is still reported by ckpt_wait(), or by the next
+ * ckpt_save() (CKPT_E_PREVIOUS) or ckpt_close() if nobody waited, so a
+ * thread watching progress never takes the error from the training loop.
  * `p` may be NULL.
  */
 CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p);

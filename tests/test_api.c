@@ -815,6 +815,98 @@ START_TEST(test_fork_child)
 }
 END_TEST
 
+/* ---- ckpt_poll observes, never consumes ---- */
+
+struct poll_arg {
+	ckpt *c;
+	int rc, polls;
+};
+
+/* A progress watcher: polls until the save is over, then twice more. */
+static void *poll_thread(void *p)
+{
+	struct poll_arg *a = p;
+	ckpt_progress pr;
+	while ((a->rc = ckpt_poll(a->c, &pr)) == 1 && a->polls++ < 200000)
+		usleep(100);
+	a->rc = ckpt_poll(a->c, &pr);
+	a->rc = ckpt_poll(a->c, &pr) == a->rc ? a->rc : 12345;
+	return NULL;
+}
+
+/* A background failure seen by a watcher's ckpt_poll is still reported by
+ * ckpt_wait (_i 0), the next ckpt_save (_i 1) or ckpt_close (_i 2). */
+START_TEST(test_poll_observes)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_root(dir);
+	ckpt_tensor t = good_tensor("w");
+	tu_set set;
+	big_set(&set);
+	atomic_store(&fail_armed, 1);
+	atomic_store(&gate_enabled, 1);
+	eng_io_set(&hook_io);
+	int rc = tu_save_async(c, 1, &set);
+	ck_assert_msg(rc == 0, "save: %d (%s)", rc, ckpt_errmsg(c));
+	struct poll_arg pa = {c, 0, 0};
+	pthread_t th;
+	pthread_create(&th, NULL, poll_thread, &pa);
+	gate_release();
+	pthread_join(th, NULL);
+	eng_io_set(NULL);
+	atomic_store(&fail_armed, 0);
+	ck_assert_msg(pa.rc == -ENOSPC, "watcher's poll: %d", pa.rc);
+	ckpt_progress pr;
+	ck_assert_int_eq(ckpt_poll(c, &pr), -ENOSPC);
+	ck_assert_int_eq(pr.state, CKPT_STATE_FAILED);
+	ck_assert_int_eq(pr.status, -ENOSPC);
+	if (_i == 0) {
+		ck_assert_int_eq(ckpt_wait(c), -ENOSPC);
+		/* collected by ckpt_wait: the next save starts */
+		ck_assert_int_eq(ckpt_save(c, 2, &t, 1), 0);
+		ck_assert_int_eq(ckpt_wait(c), 0);
+	} else if (_i == 1) {
+		rc = ckpt_save(c, 2, &t, 1);
+		ck_assert_msg(rc == CKPT_E_PREVIOUS, "next save: %d (%s)", rc,
+			      ckpt_errmsg(c));
+		ck_assert_msg(strstr(ckpt_errmsg(c), "step 1"), "%s",
+			      ckpt_errmsg(c));
+		ck_assert_int_eq(ckpt_save(c, 2, &t, 1), 0);
+		ck_assert_int_eq(ckpt_wait(c), 0);
+	} else {
+		ck_assert_int_eq(ckpt_close(c), -ENOSPC);
+		c = NULL;
+	}
+	ck_assert_int_eq(ckpt_close(c), 0);
+	tu_set_free(&set);
+}
+END_TEST
+
+/* A step the format cannot record is refused before anything is copied
+ * or created; 2^63-1 itself saves. */
+START_TEST(test_step_range)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_root(dir);
+	ckpt_tensor t = good_tensor("w");
+	const uint64_t bad[] = {(uint64_t)INT64_MAX + 1, UINT64_MAX};
+	for (int i = 0; i < 2; i++) {
+		int rc = ckpt_save(c, bad[i], &t, 1);
+		ck_assert_msg(rc == -EINVAL, "step %llu: %d",
+			      (unsigned long long)bad[i], rc);
+		ck_assert_msg(strstr(ckpt_errmsg(c), "2^63-1"), "%s",
+			      ckpt_errmsg(c));
+		ck_assert_int_eq(tu_count_suffix(dir, ""), 0);
+	}
+	ck_assert_int_eq(ckpt_save(c, (uint64_t)INT64_MAX, &t, 1), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	uint64_t latest = 0;
+	ck_assert_int_eq(ckpt_latest(c, &latest), 0);
+	ck_assert_uint_eq(latest, (uint64_t)INT64_MAX);
+	ck_assert_int_eq(ckpt_close(c), 0);
+}
+END_TEST
+
 START_TEST(test_commit_misuse)
 {
 	const char *dir = tu_tmpdir();
@@ -905,6 +997,8 @@ int main(void)
 	tcase_add_test(tc, test_commit_misuse);
 	tcase_add_test(tc, test_close_waits);
 	tcase_add_test(tc, test_gc_spares_inflight);
+	tcase_add_loop_test(tc, test_poll_observes, 0, 3);
+	tcase_add_test(tc, test_step_range);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }
