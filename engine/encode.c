@@ -43,7 +43,7 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 	int used = CKPT_CODEC_NONE;
 
 	b->raw_xxh3 = fmt_xxh3(raw, b->raw_len);
-	if (c->s.codec != CKPT_CODEC_NONE && cx) {
+	if (job->codec != CKPT_CODEC_NONE && cx) {
 		eng_buf *o = eng_pool_get_out(c, job);
 		int r;
 
@@ -51,7 +51,7 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 			eng_buf_release(c, b);
 			return;
 		}
-		r = fmt_chunk_encode(cx, c->s.codec, c->s.level, b->elem_width,
+		r = fmt_chunk_encode(cx, job->codec, job->level, b->elem_width,
 				     raw, b->raw_len, o->p + FMT_CHUNK_HDR_SIZE,
 				     o->cap - FMT_CHUNK_HDR_SIZE, &used,
 				     &stored);
@@ -62,7 +62,7 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 				"encoding with codec %s failed: %s",
 				(unsigned long long)job->step,
 				(unsigned long long)b->k * job->chunk_bytes,
-				ckpt_codec_name(c->s.codec), ckpt_strerror(r));
+				ckpt_codec_name(job->codec), ckpt_strerror(r));
 			eng_buf_release(c, o);
 			eng_buf_release(c, b);
 			return;
@@ -103,6 +103,8 @@ void *eng_worker_main(void *arg)
 	fmt_codec_ctx *cx = NULL;
 
 	eng_thread_background(5);
+	/* a handle opened with codec none has no output buffers, and its
+	 * saves cannot ask for a codec (ckpt_save_ex) */
 	if (c->s.codec != CKPT_CODEC_NONE)
 		cx = fmt_codec_ctx_new();
 	pthread_mutex_lock(&c->mu);
@@ -126,7 +128,7 @@ void *eng_worker_main(void *arg)
 		pthread_mutex_unlock(&c->mu);
 		if (failed) {
 			eng_buf_release(c, b);
-		} else if (c->s.codec != CKPT_CODEC_NONE && !cx) {
+		} else if (b->job->codec != CKPT_CODEC_NONE && !cx) {
 			eng_job_fail(c, b->job, -ENOMEM,
 				     "step %llu: out of memory for a codec "
 				     "context",

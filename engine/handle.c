@@ -281,6 +281,8 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 			goto fail;
 		}
 		c->nsinks = 1;
+		c->sinks[0]->index = 0;
+		c->sink_lag_max = c->nslots / 4 > 2 ? c->nslots / 4 : 2;
 		c->workers = calloc(c->nworkers, sizeof(*c->workers));
 		if (!c->workers) {
 			r = eng_err(NULL, -ENOMEM, "out of memory");
@@ -344,4 +346,51 @@ void eng_io_stats_get(const ckpt *c, eng_io_stats *out)
 	out->direct_files = atomic_load(&c->io_st.direct_files);
 	out->submit_retries = atomic_load(&c->io_st.submit_retries);
 	out->uring_fallbacks = atomic_load(&c->io_st.uring_fallbacks);
+}
+
+int eng_sink_add(struct ckpt *c, eng_sink *s)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->busy || !c->writer_started)
+		r = -EBUSY;
+	else if (c->nsinks == ENG_MAX_SINKS)
+		r = -ENOSPC;
+	if (r == 0) {
+		s->c = c;
+		s->index = c->nsinks;
+		s->status = 0;
+		c->sinks[c->nsinks++] = s;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+CKPT_API int ckpt_sink_status_get(ckpt *c, ckpt_sink_status *out, size_t max,
+				  size_t *count)
+{
+	unsigned i;
+
+	if (!c || (max && !out))
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_sink_status_get: %s is NULL",
+			       c ? "out" : "handle");
+	pthread_mutex_lock(&c->mu);
+	for (i = 0; i < c->nsinks && i < max; i++) {
+		const eng_sink *s = c->sinks[i];
+		ckpt_sink_status *o = &out[i];
+
+		memset(o, 0, sizeof(*o));
+		snprintf(o->name, sizeof(o->name), "%s", s->ops->name);
+		o->status = s->status;
+		o->required = s->index == 0;
+		o->chunks = s->chunks;
+		o->max_held = s->max_held;
+		snprintf(o->msg, sizeof(o->msg), "%s", s->msg);
+	}
+	if (count)
+		*count = c->nsinks;
+	pthread_mutex_unlock(&c->mu);
+	return 0;
 }

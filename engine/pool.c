@@ -95,6 +95,37 @@ int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)
 	return code;
 }
 
+void eng_sink_release(eng_sink *s, eng_buf *b)
+{
+	atomic_fetch_sub_explicit(&s->held, 1, memory_order_relaxed);
+	eng_buf_unref(s->c, b);
+	if (s->index > 0)
+		eng_writer_wake(s->c);
+}
+
+int eng_sink_fail(eng_sink *s, eng_job *job, int code, const char *fmt, ...)
+{
+	struct ckpt *c = s->c;
+	char m[ENG_ERRMSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(m, sizeof(m), fmt, ap);
+	va_end(ap);
+	if (s->index == 0)
+		return eng_job_fail(c, job, code, "%s", m);
+	pthread_mutex_lock(&c->mu);
+	if (!atomic_load(&s->failed)) {
+		s->status = code;
+		snprintf(s->msg, sizeof(s->msg), "%.*s",
+			 (int)sizeof(s->msg) - 1, m);
+		atomic_store(&s->failed, 1);
+	}
+	pthread_mutex_unlock(&c->mu);
+	eng_writer_wake(c);
+	return code;
+}
+
 int eng_job_status(struct ckpt *c, eng_job *job)
 {
 	int r;

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zstd.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -392,10 +393,104 @@ static void fill_slot(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
 	b->elem_width = (uint8_t)(ew ? ew : 1);
 }
 
+static const char *const reason_names[CKPT_REASON_COUNT] = {
+	"unspecified", "periodic", "maintenance", "preempted",
+	"sigterm",     "manual",   "requested",
+};
+
+CKPT_API const char *ckpt_reason_name(int reason)
+{
+	return reason >= 0 && reason < CKPT_REASON_COUNT ?
+		       reason_names[reason] :
+		       NULL;
+}
+
+CKPT_API void ckpt_save_opts_default(ckpt_save_opts *o)
+{
+	if (!o)
+		return;
+	memset(o, 0, sizeof(*o));
+	o->codec = CKPT_SAVE_DEFAULT;
+	o->level = CKPT_SAVE_DEFAULT;
+	o->reason = CKPT_REASON_UNSPECIFIED;
+}
+
+/* Validates o against the handle; fills codec/level/reason/deadline. */
+static int apply_opts(struct ckpt *c, const ckpt_save_opts *o, int32_t *codec,
+		      int32_t *level, int32_t *reason, int64_t *deadline)
+{
+	struct timespec now;
+	size_t i;
+
+	*codec = c->s.codec;
+	*level = c->s.level;
+	*reason = CKPT_REASON_UNSPECIFIED;
+	*deadline = 0;
+	if (!o)
+		return 0;
+	for (i = 0; i < sizeof(o->reserved) / sizeof(o->reserved[0]); i++)
+		if (o->reserved[i])
+			return set_err(c, -EINVAL,
+				       "ckpt_save_ex: opts.reserved[%zu] must "
+				       "be zero (use ckpt_save_opts_default)",
+				       i);
+	if (o->flags)
+		return set_err(c, -EINVAL,
+			       "ckpt_save_ex: opts.flags: unknown bits 0x%x",
+			       o->flags);
+	if (o->reason < 0 || o->reason >= CKPT_REASON_COUNT)
+		return set_err(c, -EINVAL,
+			       "ckpt_save_ex: opts.reason: unknown reason %d",
+			       (int)o->reason);
+	if (o->codec != CKPT_SAVE_DEFAULT) {
+		if (o->codec < 0 || o->codec >= CKPT_CODEC_COUNT)
+			return set_err(c, -EINVAL,
+				       "ckpt_save_ex: opts.codec: unknown "
+				       "codec %d",
+				       (int)o->codec);
+		if (o->codec != CKPT_CODEC_NONE && c->nout == 0)
+			return set_err(c, -EINVAL,
+				       "ckpt_save_ex: opts.codec %s: this "
+				       "handle was opened with codec none and "
+				       "has no compression buffers",
+				       ckpt_codec_name(o->codec));
+		*codec = o->codec;
+	}
+	if (o->level != CKPT_SAVE_DEFAULT) {
+		if (o->level < ZSTD_minCLevel() || o->level > ZSTD_maxCLevel())
+			return set_err(c, -EINVAL,
+				       "ckpt_save_ex: opts.level: %d outside "
+				       "zstd's [%d, %d]",
+				       (int)o->level, ZSTD_minCLevel(),
+				       ZSTD_maxCLevel());
+		*level = o->level;
+	}
+	if (o->deadline_ns < 0)
+		return set_err(c, -EINVAL,
+			       "ckpt_save_ex: opts.deadline_ns is negative");
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (o->deadline_ns &&
+	    o->deadline_ns <= (int64_t)now.tv_sec * 1000000000 + now.tv_nsec)
+		return set_err(c, -ETIMEDOUT,
+			       "ckpt_save_ex: the deadline has passed; "
+			       "nothing was saved");
+	*reason = o->reason;
+	*deadline = o->deadline_ns;
+	return 0;
+}
+
 CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 		       size_t count)
 {
+	return ckpt_save_ex(c, step, tensors, count, NULL);
+}
+
+CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
+			  size_t count, const ckpt_save_opts *o)
+{
 	eng_job *job = NULL;
+	int32_t codec, level, reason;
+	int64_t deadline;
 	size_t ti = 0;
 	uint64_t k;
 	int r;
@@ -417,9 +512,16 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 			       "ckpt_save: step %llu is above 2^63-1, the "
 			       "largest step the format records",
 			       (unsigned long long)step);
+	r = apply_opts(c, o, &codec, &level, &reason, &deadline);
+	if (r < 0)
+		return r;
 	r = build_job(c, step, tensors, count, &job);
 	if (r < 0)
 		return r;
+	job->codec = codec;
+	job->level = level;
+	job->reason = reason;
+	job->deadline_ns = deadline;
 
 	pthread_mutex_lock(&c->mu);
 	if (c->busy) {
@@ -453,10 +555,11 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	c->status = 0;
 	c->status_msg[0] = 0;
 	c->step = step;
+	c->reason = reason;
 	c->bytes_total = job->payload_total;
 	c->bytes_staged = c->bytes_written = c->bytes_committed = 0;
 	c->bytes_stored = 0;
-	c->copying = c->s.codec != CKPT_CODEC_NONE;
+	c->copying = job->codec != CKPT_CODEC_NONE;
 	pthread_cond_signal(&c->writer_cv);
 	pthread_mutex_unlock(&c->mu);
 
@@ -551,6 +654,9 @@ CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p)
 		p->bytes_written = c->bytes_written;
 		p->bytes_committed = c->bytes_committed;
 		p->bytes_stored = c->bytes_stored;
+		p->reason = c->reason;
+		for (unsigned i = 1; i < c->nsinks; i++)
+			p->sinks_failed += c->sinks[i]->status < 0;
 	}
 	/* observes only: the status stays for ckpt_wait(), the next
 	 * ckpt_save() (CKPT_E_PREVIOUS) or ckpt_close() */

@@ -19,8 +19,10 @@
  *     --> worker: XXH3 of the raw bytes, codec, chunk header, zero pad
  *     --> writer thread: assigns file + 4096-aligned offset (file order),
  *         updates that file's streaming XXH3, hands the buffer to every sink
- *     --> sinks (today: the local shard files through io_uring; later a GCS
- *         uploader gets the very same buffers in file order)
+ *     --> sinks: sink 0, the local shard files through io_uring (decides
+ *         the save); further sinks (an uploader) get the very same
+ *         buffers in file order, each with its own status, and are
+ *         detached if they hold more than sink_lag_max buffers
  *     --> last sink reference dropped: buffer back to its free list, which
  *         wakes a copier blocked on a full pool.
  *
@@ -79,6 +81,9 @@ typedef struct eng_buf {
 typedef struct eng_job {
 	uint64_t step;
 	uint8_t save_id[16];
+	int32_t codec, level; /* this save's (ckpt_save_opts or settings) */
+	int32_t reason;       /* enum ckpt_save_reason */
+	int64_t deadline_ns;  /* 0 = none */
 	char *stepdir; /* ROOT/step-N */
 	uint32_t chunk_bytes;
 	size_t ntensors;
@@ -116,7 +121,22 @@ typedef struct eng_job {
  *  finish:  every chunk put and pump idle: make the output durable.
  *  publish: the host index document (after finish).
  *  abort:   after a failure, once idle: remove partial output.
- * Failures: return a code and describe it with eng_job_fail().
+ * Failures: return a code and describe it with eng_sink_fail() (the local
+ * sink, which decides the save, may call eng_job_fail() directly).
+ *
+ * Several sinks. Sink 0 is the local shard files and is required: its
+ * failure fails the save. Any further sink (an uploader; tests register
+ * one with eng_sink_add) is secondary: its failure is recorded on the sink
+ * (status, message: ckpt_sink_status_get) and the save goes on without it.
+ * The writer also bounds how far a secondary sink may fall behind: one
+ * that holds c->sink_lag_max buffers (a quarter of the slots) when the
+ * next chunk comes is detached for this save with -ENOBUFS: it gets no
+ * more chunks and, pumped with `failed` set, drops its queue. Detaching
+ * rather than spilling: a backlog would need memory or a second local
+ * copy proportional to the lag, while the local sink already makes every
+ * byte durable, so a lagging uploader can catch up from the files. Thus a
+ * slow sink holds at most sink_lag_max buffers and ckpt_save() never waits
+ * on it for the rest of the pool.
  */
 typedef struct eng_sink_ops {
 	const char *name;
@@ -133,6 +153,16 @@ typedef struct eng_sink_ops {
 typedef struct eng_sink {
 	const eng_sink_ops *ops;
 	struct ckpt *c;
+	unsigned index; /* 0: the local sink (required) */
+	/* per save; `active` and the counters belong to the writer thread,
+	 * status and msg are written under c->mu */
+	int active;        /* begun, not failed, not detached */
+	atomic_int failed; /* eng_sink_fail() was called */
+	atomic_uint held;  /* buffers put and not yet released */
+	unsigned max_held;
+	uint64_t chunks;
+	int status; /* 1 running, 0 done, or the error */
+	char msg[256];
 } eng_sink;
 
 #define ENG_MAX_SINKS 4
@@ -186,6 +216,7 @@ struct ckpt {
 
 	eng_sink *sinks[ENG_MAX_SINKS];
 	unsigned nsinks;
+	unsigned sink_lag_max; /* buffers a secondary sink may hold */
 
 	/* save state (under mu) */
 	eng_job *job;    /* current or last save */
@@ -193,6 +224,7 @@ struct ckpt {
 	int busy;        /* a save is in flight */
 	int state;       /* enum ckpt_save_state */
 	int status;      /* of the last finished save */
+	int32_t reason;  /* of the current or last save */
 	int uncollected; /* failed and nobody was told */
 	char status_msg[ENG_ERRMSG_MAX];
 	uint64_t step;
@@ -223,6 +255,13 @@ int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 int eng_job_status(struct ckpt *c, eng_job *job);
 void eng_job_free(eng_job *job);
+/* A sink is done with b: drops its reference (and wakes the writer for a
+ * secondary sink, whose progress the ring does not signal). */
+void eng_sink_release(eng_sink *s, eng_buf *b);
+/* Records a sink's first failure: for sink 0 that fails the job
+ * (eng_job_fail); a secondary sink is only marked failed. Returns code. */
+int eng_sink_fail(eng_sink *s, eng_job *job, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 /* save.c */
 /* Open-addressing set of byte strings (tensor names). */
@@ -238,6 +277,11 @@ int eng_nameset_init(eng_nameset *s, size_t expect);
 int eng_nameset_add(eng_nameset *s, const char *k, size_t len, size_t v,
 		    size_t *val);
 void eng_nameset_free(eng_nameset *s);
+
+/* handle.c */
+/* Adds a secondary sink to an idle handle (tests; later an uploader).
+ * The handle calls s->ops->destroy at close. -EBUSY / -ENOSPC. */
+int eng_sink_add(struct ckpt *c, eng_sink *s);
 
 /* encode.c */
 void *eng_worker_main(void *arg);

@@ -4,7 +4,7 @@
  *
  * Design note. The writer (writer.c) calls this sink only through
  * eng_sink_ops, from its own thread; the sink calls back only into the
- * pool (eng_buf_unref, eng_job_fail). Each file is created as NAME.tmp
+ * pool (eng_sink_release, eng_job_fail). Each file is created as NAME.tmp
  * (O_DIRECT when the root supports it, preallocated to its planned size),
  * the shard headers and chunks are written at the offsets the writer gave
  * them, and at finish every file is trimmed, fdatasync'ed, closed and
@@ -97,13 +97,13 @@ static void ls_done(local_sink *ls, eng_buf *b)
 	c->bytes_written += b->payload;
 	c->bytes_stored += b->span;
 	pthread_mutex_unlock(&c->mu);
-	eng_buf_unref(c, b);
+	eng_sink_release(&ls->base, b);
 }
 
 static void ls_drop(local_sink *ls, eng_buf *b)
 {
 	if (!b->is_hdr)
-		eng_buf_unref(ls->base.c, b);
+		eng_sink_release(&ls->base, b);
 }
 
 static void q_push(eng_buf **head, eng_buf **tail, eng_buf *b, int front)

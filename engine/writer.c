@@ -129,11 +129,38 @@ static int prepare(struct ckpt *c, eng_job *job)
 	return 0;
 }
 
+/* A secondary sink that holds sink_lag_max buffers is detached for this
+ * save (save_internal.h explains why not a backlog). */
+static int sink_takes(struct ckpt *c, eng_job *job, eng_sink *s)
+{
+	unsigned held;
+
+	if (!s->active)
+		return 0;
+	if (atomic_load(&s->failed)) {
+		s->active = 0;
+		return 0;
+	}
+	held = atomic_load(&s->held);
+	if (s->index > 0 && held >= c->sink_lag_max) {
+		eng_sink_fail(s, job, -ENOBUFS,
+			      "step %llu: sink %s fell behind by %u chunk "
+			      "buffers: detached for this save (the local "
+			      "files have every byte)",
+			      (unsigned long long)job->step, s->ops->name,
+			      held);
+		s->active = 0;
+		return 0;
+	}
+	return 1;
+}
+
 static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 {
 	uint32_t f = (uint32_t)(b->k % job->nfiles);
 	fmt_chunk_entry *ce = &job->chunks[b->k];
-	unsigned i;
+	eng_sink *to[ENG_MAX_SINKS];
+	unsigned i, n = 0;
 
 	b->file = f;
 	b->file_offset = job->file_end[f];
@@ -146,10 +173,19 @@ static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 	ce->file_offset = b->file_offset;
 	ce->stream_offset = b->k * job->chunk_bytes;
 	ce->raw_xxh3 = b->raw_xxh3;
-	/* one reference per sink plus ours, held until hashed */
-	atomic_store(&b->refs, (int)nsinks + 1);
 	for (i = 0; i < nsinks; i++)
-		c->sinks[i]->ops->put(c->sinks[i], b);
+		if (sink_takes(c, job, c->sinks[i]))
+			to[n++] = c->sinks[i];
+	/* one reference per sink plus ours, held until hashed */
+	atomic_store(&b->refs, (int)n + 1);
+	for (i = 0; i < n; i++) {
+		unsigned held = atomic_fetch_add(&to[i]->held, 1) + 1;
+
+		if (held > to[i]->max_held)
+			to[i]->max_held = held;
+		to[i]->chunks++;
+		to[i]->ops->put(to[i], b);
+	}
 	job->received++;
 }
 
@@ -190,9 +226,15 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		job->files[f].xxh3 = XXH3_64bits_digest(job->fhash[f]);
 	}
 	for (i = 0; i < c->nsinks; i++) {
+		if (!sink_takes(c, job, c->sinks[i]))
+			continue;
 		r = c->sinks[i]->ops->finish(c->sinks[i], job);
-		if (r < 0)
+		if (r < 0 && i == 0)
 			return r;
+		if (r < 0) /* no-op if the sink described it */
+			eng_sink_fail(c->sinks[i], job, r,
+				      "sink %s: finish: %s",
+				      c->sinks[i]->ops->name, ckpt_strerror(r));
 	}
 	memset(&ix, 0, sizeof(ix));
 	ix.step = job->step;
@@ -212,8 +254,18 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		return eng_job_fail(c, job, r, "%s: encoding the index: %s",
 				    job->stepdir, ckpt_strerror(r));
 	fmt_index_name(c->s.host_index, name);
-	for (i = 0; i < c->nsinks && r == 0; i++)
-		r = c->sinks[i]->ops->publish(c->sinks[i], job, name, buf, len);
+	for (i = 0; i < c->nsinks && r == 0; i++) {
+		eng_sink *s = c->sinks[i];
+
+		if (!sink_takes(c, job, s))
+			continue;
+		r = s->ops->publish(s, job, name, buf, len);
+		if (r < 0 && i > 0) {
+			eng_sink_fail(s, job, r, "sink %s: publish: %s",
+				      s->ops->name, ckpt_strerror(r));
+			r = 0;
+		}
+	}
 	free(buf);
 	if (r < 0)
 		return r;
@@ -242,10 +294,31 @@ static void run_job(struct ckpt *c, eng_job *job)
 	uint32_t f;
 	int r;
 
+	pthread_mutex_lock(&c->mu);
+	for (i = 0; i < c->nsinks; i++) {
+		eng_sink *s = c->sinks[i];
+
+		s->active = 0;
+		atomic_store(&s->failed, 0);
+		atomic_store(&s->held, 0);
+		s->max_held = 0;
+		s->chunks = 0;
+		s->status = 1;
+		s->msg[0] = 0;
+	}
+	pthread_mutex_unlock(&c->mu);
 	r = prepare(c, job);
 	for (i = 0; r == 0 && i < c->nsinks; i++) {
-		r = c->sinks[i]->ops->begin(c->sinks[i], job);
+		eng_sink *s = c->sinks[i];
+		int e = s->ops->begin(s, job);
+
 		begun++;
+		s->active = e == 0;
+		if (e < 0 && i == 0)
+			r = e;
+		else if (e < 0)
+			eng_sink_fail(s, job, e, "sink %s: begin: %s",
+				      s->ops->name, ckpt_strerror(e));
 	}
 	if (r < 0) /* no-op if already described */
 		eng_job_fail(c, job, r, "%s: preparing the save: %s",
@@ -274,9 +347,12 @@ static void run_job(struct ckpt *c, eng_job *job)
 		for (b = list; !failed && b; b = b->next)
 			dispatch(c, job, b, begun);
 		for (i = 0; i < begun; i++) {
+			eng_sink *s = c->sinks[i];
 			int busy = 0;
 
-			c->sinks[i]->ops->pump(c->sinks[i], failed, &busy);
+			/* a failed or detached sink drops what it queued */
+			s->ops->pump(s, failed || !sink_takes(c, job, s),
+				     &busy);
 			busy_any |= busy;
 		}
 		if (list) {
@@ -298,6 +374,11 @@ static void run_job(struct ckpt *c, eng_job *job)
 
 	if (eng_job_status(c, job) == 0)
 		finish_job(c, job);
+	/* a secondary sink that failed or was detached removes its partial
+	 * output whatever became of the save */
+	for (i = 1; i < begun && eng_job_status(c, job) == 0; i++)
+		if (!sink_takes(c, job, c->sinks[i]))
+			c->sinks[i]->ops->abort(c->sinks[i], job);
 	if (eng_job_status(c, job) != 0) {
 		for (i = 0; i < begun; i++)
 			c->sinks[i]->ops->abort(c->sinks[i], job);
@@ -318,6 +399,15 @@ static void run_job(struct ckpt *c, eng_job *job)
 	c->state = job->status ? CKPT_STATE_FAILED : CKPT_STATE_DONE;
 	if (job->status == 0)
 		c->bytes_committed = c->bytes_total;
+	for (i = 0; i < c->nsinks; i++) {
+		eng_sink *s = c->sinks[i];
+
+		if (!atomic_load(&s->failed))
+			s->status = job->status;
+		if (i == 0 && job->status)
+			snprintf(s->msg, sizeof(s->msg), "%.*s",
+				 (int)sizeof(s->msg) - 1, job->msg);
+	}
 	c->busy = 0;
 	pthread_cond_broadcast(&c->done_cv);
 	pthread_mutex_unlock(&c->mu);

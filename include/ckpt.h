@@ -315,7 +315,10 @@ typedef struct ckpt_progress {
 	uint64_t bytes_written;   /* raw bytes whose chunks reached the files */
 	uint64_t bytes_committed; /* bytes_total once durable/committed */
 	uint64_t bytes_stored;    /* bytes written to files (after codec) */
-	uint64_t reserved[4];
+	int32_t reason;           /* enum ckpt_save_reason of this save */
+	uint32_t sinks_failed;    /* secondary sinks failed or detached
+	                             (see ckpt_sink_status) */
+	uint64_t reserved[3];
 } ckpt_progress;
 
 /*
@@ -336,6 +339,82 @@ CKPT_API int ckpt_wait(ckpt *c);
  * `p` may be NULL.
  */
 CKPT_API int ckpt_poll(ckpt *c, ckpt_progress *p);
+
+/* Why a save was taken (ckpt_save_opts.reason). */
+enum ckpt_save_reason {
+	CKPT_REASON_UNSPECIFIED = 0,
+	CKPT_REASON_PERIODIC = 1,    /* the regular schedule */
+	CKPT_REASON_MAINTENANCE = 2, /* host maintenance announced */
+	CKPT_REASON_PREEMPTED = 3,   /* preemption notice */
+	CKPT_REASON_SIGTERM = 4,     /* the process is being stopped */
+	CKPT_REASON_MANUAL = 5,      /* an operator asked */
+	CKPT_REASON_REQUESTED = 6,   /* the orchestrator asked */
+	CKPT_REASON_COUNT = 7
+};
+
+/* "unspecified", "periodic", ...; NULL if unknown. */
+CKPT_API const char *ckpt_reason_name(int reason);
+
+/* ckpt_save_opts.codec / .level: use the handle's setting. */
+#define CKPT_SAVE_DEFAULT INT32_MIN
+
+/*
+ * Options of one save (ckpt_save_ex). Fill with ckpt_save_opts_default()
+ * first: fields added later take their place in `reserved`.
+ */
+typedef struct ckpt_save_opts {
+	/* Codec and zstd level for this save only (CKPT_SAVE_DEFAULT: the
+	 * handle's). A handle opened with CKPT_CODEC_NONE has no compression
+	 * buffers: asking it for a codec is -EINVAL. */
+	int32_t codec;
+	int32_t level;
+	int32_t reason;      /* enum ckpt_save_reason; kept with the save */
+	uint32_t flags;      /* none defined yet: must be 0 */
+	/* Wall-clock deadline (unix ns, 0 = none). A save asked for after
+	 * its deadline is refused with -ETIMEDOUT before anything is copied;
+	 * later the deadline is advisory (a started save always completes or
+	 * fails on its own). */
+	int64_t deadline_ns;
+	uint64_t reserved[6]; /* must be zero */
+} ckpt_save_opts;
+
+/* Fills *o with: codec and level CKPT_SAVE_DEFAULT, reason unspecified, no
+ * deadline, no flags. */
+CKPT_API void ckpt_save_opts_default(ckpt_save_opts *o);
+
+/* ckpt_save() with options; `o` NULL is ckpt_save(). Same errors, plus
+ * -EINVAL for bad options and -ETIMEDOUT (see deadline_ns). */
+CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
+			  size_t count, const ckpt_save_opts *o);
+
+/*
+ * Sinks. A save writes to the local shard files (sink 0, always present)
+ * and to any further sinks the handle has (an uploader, say). The local
+ * sink decides the save: its failure fails the save, which is reported by
+ * ckpt_wait() etc. as before. A further sink that fails, or that falls
+ * behind by more buffers than it may hold (a quarter of the staging pool),
+ * is detached for that save: it is given no more chunks, it drops what it
+ * has queued, its status says why (-ENOBUFS when it fell behind), and the
+ * save goes on; the bytes are durable in the local files, from which such
+ * a sink can catch up. So a slow sink never holds the staging pool and
+ * never blocks ckpt_save() for longer than the local files would.
+ */
+typedef struct ckpt_sink_status {
+	char name[32];       /* "local", ... */
+	int32_t status;      /* 1 in progress, 0 done, or the error */
+	uint32_t required;   /* 1 for the local sink: decides the save */
+	uint64_t chunks;     /* chunks this sink was given */
+	uint64_t max_held;   /* most chunk buffers it held at once */
+	char msg[256];       /* why it failed ("" if it did not) */
+	uint64_t reserved[4];
+} ckpt_sink_status;
+
+/*
+ * Status of each sink in the current or last save, sink 0 first. Fills up
+ * to `max` entries of `out` and sets *count to the number of sinks.
+ */
+CKPT_API int ckpt_sink_status_get(ckpt *c, ckpt_sink_status *out,
+				  size_t max, size_t *count);
 
 /*
  * Writes the commit record of `step` after checking that every host's
