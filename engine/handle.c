@@ -144,10 +144,10 @@ static void setup_ring(struct ckpt *c)
 
 	if (c->s.flags & CKPT_F_NO_URING)
 		return;
-	if (io_uring_queue_init(c->s.queue_depth, &c->ring, 0) < 0)
+	if (eng_uring_queue_init(c->s.queue_depth, &c->ring, 0) < 0)
 		return;
 	if (io_uring_register_eventfd(&c->ring, c->efd) < 0) {
-		io_uring_queue_exit(&c->ring);
+		eng_uring_queue_exit(&c->ring);
 		return;
 	}
 	c->have_ring = 1;
@@ -176,7 +176,7 @@ static void setup_ring(struct ckpt *c)
 static void handle_release(struct ckpt *c)
 {
 	if (c->have_ring)
-		io_uring_queue_exit(&c->ring);
+		eng_uring_queue_exit(&c->ring);
 	if (c->efd >= 0)
 		close(c->efd);
 	if (c->mem)

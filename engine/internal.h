@@ -108,6 +108,12 @@ int eng_fallocate(int fd, int mode, off_t off, off_t len);
 int eng_fcntl(int fd, int cmd, long arg);
 /* io_uring_submit(): entries taken (>= 0) or -errno. */
 int eng_uring_submit(struct io_uring *ring);
+/* io_uring_queue_init / io_uring_queue_exit for every ring of the engine:
+ * they also tell ThreadSanitizer that a ring mapped where an old one was
+ * comes after it (see io.c). */
+int eng_uring_queue_init(unsigned entries, struct io_uring *ring,
+			 unsigned flags);
+void eng_uring_queue_exit(struct io_uring *ring);
 /* Filters for io_uring completions (see write_result above). */
 long eng_filter_write(int fd, uint64_t off, size_t len, long res);
 long eng_filter_read(int fd, uint64_t off, size_t len, long res);

@@ -227,3 +227,49 @@ int eng_uring_submit(struct io_uring *ring)
 		return io->uring_submit(ring);
 	return io_uring_submit(ring);
 }
+
+/*
+ * Rings and ThreadSanitizer. liburing (2.2 and later on x86-64, as
+ * packaged in Debian 12) maps and unmaps its rings with raw mmap/munmap
+ * system calls: liburing.so imports no mmap from libc, so TSan never sees
+ * a ring's memory go away. Its inline CQ helpers (io_uring_peek_cqe,
+ * io_uring_cqe_seen...) are compiled into this library and instrumented;
+ * when a new ring is mapped at the address of a destroyed one, TSan
+ * compares the new ring's accesses with the old ring's stale history and
+ * reports a race between, say, a closed handle's writer thread and a
+ * reader thread. The kernel orders the munmap before the mmap that reuses
+ * the address, so there is a real happens-before: every ring teardown
+ * releases and every ring setup acquires one sync object, which tells
+ * TSan exactly that (nothing else is hidden).
+ */
+#if defined(__SANITIZE_THREAD__)
+#define ENG_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ENG_TSAN 1
+#endif
+#endif
+#ifdef ENG_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static char ring_sync;
+#endif
+
+int eng_uring_queue_init(unsigned entries, struct io_uring *ring,
+			 unsigned flags)
+{
+	int r = io_uring_queue_init(entries, ring, flags);
+
+#ifdef ENG_TSAN
+	__tsan_acquire(&ring_sync);
+#endif
+	return r;
+}
+
+void eng_uring_queue_exit(struct io_uring *ring)
+{
+#ifdef ENG_TSAN
+	__tsan_release(&ring_sync);
+#endif
+	io_uring_queue_exit(ring);
+}

@@ -1754,30 +1754,48 @@ START_TEST(test_over_4gib)
 }
 END_TEST
 
+/* CKPT_TEST_ONLY=test_name runs only that test (to repeat one test, for
+ * instance under TSan). */
+static int rt_wanted(const char *name)
+{
+	const char *only = getenv("CKPT_TEST_ONLY");
+	return !only || !*only || !strcmp(only, name);
+}
+#define RT_ADD(tc, tf)                                                   \
+	do {                                                             \
+		if (rt_wanted(#tf))                                      \
+			tcase_add_test(tc, tf);                          \
+	} while (0)
+#define RT_ADD_LOOP(tc, tf, a, b)                                        \
+	do {                                                             \
+		if (rt_wanted(#tf))                                      \
+			tcase_add_loop_test(tc, tf, a, b);               \
+	} while (0)
+
 int main(void)
 {
 	Suite *s = suite_create("roundtrip");
 	TCase *tc = tu_tcase("roundtrip", 120);
-	tcase_add_test(tc, test_all_dtypes);
-	tcase_add_test(tc, test_scalar_empty);
-	tcase_add_test(tc, test_odd_names);
-	tcase_add_test(tc, test_many_small);
-	tcase_add_test(tc, test_larger_than_pool);
-	tcase_add_test(tc, test_snapshot_isolation);
-	tcase_add_loop_test(tc, test_codecs, 0, CKPT_CODEC_COUNT);
-	tcase_add_loop_test(tc, test_files_per_host, 0, 2);
-	tcase_add_test(tc, test_read_apis);
-	tcase_add_test(tc, test_steps_list_latest);
-	tcase_add_test(tc, test_retention);
-	tcase_add_test(tc, test_gc_debris);
-	tcase_add_test(tc, test_gc_callback);
-	tcase_add_test(tc, test_verify_copy);
-	tcase_add_loop_test(tc, test_io_paths, 0, 4);
-	tcase_add_test(tc, test_concurrent_handles);
-	tcase_add_test(tc, test_save_opts);
-	tcase_add_loop_test(tc, test_sink_status, 0, 3);
-	tcase_add_test(tc, test_slow_sink_bounded);
-	tcase_add_test(tc, test_over_4gib);
+	RT_ADD(tc, test_all_dtypes);
+	RT_ADD(tc, test_scalar_empty);
+	RT_ADD(tc, test_odd_names);
+	RT_ADD(tc, test_many_small);
+	RT_ADD(tc, test_larger_than_pool);
+	RT_ADD(tc, test_snapshot_isolation);
+	RT_ADD_LOOP(tc, test_codecs, 0, CKPT_CODEC_COUNT);
+	RT_ADD_LOOP(tc, test_files_per_host, 0, 2);
+	RT_ADD(tc, test_read_apis);
+	RT_ADD(tc, test_steps_list_latest);
+	RT_ADD(tc, test_retention);
+	RT_ADD(tc, test_gc_debris);
+	RT_ADD(tc, test_gc_callback);
+	RT_ADD(tc, test_verify_copy);
+	RT_ADD_LOOP(tc, test_io_paths, 0, 4);
+	RT_ADD(tc, test_concurrent_handles);
+	RT_ADD(tc, test_save_opts);
+	RT_ADD_LOOP(tc, test_sink_status, 0, 3);
+	RT_ADD(tc, test_slow_sink_bounded);
+	RT_ADD(tc, test_over_4gib);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }
