@@ -385,8 +385,8 @@ CKPT_API int ckpt_sink_status_get(ckpt *c, ckpt_sink_status *out, size_t max,
 		snprintf(o->name, sizeof(o->name), "%s", s->ops->name);
 		o->status = s->status;
 		o->required = s->index == 0;
-		o->chunks = s->chunks;
-		o->max_held = s->max_held;
+		o->chunks = atomic_load(&s->chunks);
+		o->max_held = atomic_load(&s->max_held);
 		snprintf(o->msg, sizeof(o->msg), "%s", s->msg);
 	}
 	if (count)

@@ -159,8 +159,8 @@ typedef struct eng_sink {
 	int active;        /* begun, not failed, not detached */
 	atomic_int failed; /* eng_sink_fail() was called */
 	atomic_uint held;  /* buffers put and not yet released */
-	unsigned max_held;
-	uint64_t chunks;
+	atomic_uint max_held;  /* atomics: ckpt_sink_status_get reads */
+	atomic_ullong chunks;  /* them while the writer runs */
 	int status; /* 1 running, 0 done, or the error */
 	char msg[256];
 } eng_sink;

@@ -181,9 +181,9 @@ static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 	for (i = 0; i < n; i++) {
 		unsigned held = atomic_fetch_add(&to[i]->held, 1) + 1;
 
-		if (held > to[i]->max_held)
-			to[i]->max_held = held;
-		to[i]->chunks++;
+		if (held > atomic_load(&to[i]->max_held))
+			atomic_store(&to[i]->max_held, held);
+		atomic_fetch_add(&to[i]->chunks, 1);
 		to[i]->ops->put(to[i], b);
 	}
 	job->received++;
@@ -301,8 +301,8 @@ static void run_job(struct ckpt *c, eng_job *job)
 		s->active = 0;
 		atomic_store(&s->failed, 0);
 		atomic_store(&s->held, 0);
-		s->max_held = 0;
-		s->chunks = 0;
+		atomic_store(&s->max_held, 0);
+		atomic_store(&s->chunks, 0);
 		s->status = 1;
 		s->msg[0] = 0;
 	}
