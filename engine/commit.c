@@ -1,55 +1,46 @@
 /*
- * commit.c - the commit record, listing, `latest`, retention and garbage
- * collection.
+ * commit.c - the commit record, and the public entries on committed steps
+ * (ckpt_commit, ckpt_list, ckpt_latest, ckpt_gc).
  *
- * Design note. A commit is built purely from what is on disk: every host's
- * index file (whose bytes are hashed here) and the sizes of the shard files
- * it lists (stat only: the whole-file hashes come from the index, computed
- * by the writer while writing). So any process holding a handle on the root
- * (a pod coordinator) can commit a step that other processes wrote. COMMIT
- * is written with tmp + fsync + rename + directory fsync, and only then is
+ * Design note. A commit is built purely from what is stored: every host's
+ * index document (whose bytes are hashed here) and the sizes of the shard
+ * files it lists (a size query only: the whole-file hashes come from the
+ * index, computed by the writer while writing). So any process holding a
+ * handle on the root (a pod coordinator) can commit a step that other
+ * processes wrote. COMMIT is created with the backend's create-if-absent
+ * (POSIX: unique temporary + fsync + RENAME_NOREPLACE + directory fsync;
+ * objects: ifGenerationMatch=0), so of two processes committing one step
+ * exactly one succeeds and the other gets CKPT_E_EXISTS; only then is
  * `latest` moved and retention applied: a crash anywhere leaves either the
  * old or the new checkpoint fully valid.
+ *
+ *   indexes (get) + shard sizes (size) --> checks --> COMMIT (create)
+ *       --> latest (replace, under the root lock, only forward)
+ *       --> retention (gc.c)
  */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "save_internal.h"
 
-/*
- * Serializes writers of `latest` with the removal of stray temporary files
- * in the root (ckpt_gc), across threads and processes: flock on the root
- * directory. Returns an fd to close, or -1 (then unlocked, best effort).
- */
-static int root_lock(const char *root)
+/* "step-N/name" in *key (malloc'd, the previous one freed). */
+static int step_key(char **key, const char *dname, const char *name,
+		    char *errbuf)
 {
-	int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-	if (fd >= 0)
-		while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
-			;
-	return fd;
-}
-
-static void root_unlock(int fd)
-{
-	if (fd >= 0)
-		close(fd); /* releases the flock */
+	free(*key);
+	*key = eng_path("%s/%s", dname, name);
+	return *key ? 0 : eng_err(errbuf, -ENOMEM, "out of memory");
 }
 
 int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		    char *errbuf)
 {
 	char dname[32], iname[32], err[512];
-	char *stepdir = NULL, *path = NULL;
+	char *key = NULL;
+	eng_loc *l = NULL;
 	fmt_index *ix = NULL;
 	fmt_commit cm;
 	fmt_file_entry *files = NULL;
@@ -58,34 +49,22 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 	uint8_t *buf = NULL, *out = NULL;
 	size_t len = 0, out_len = 0;
 	struct timespec ts;
-	struct stat st;
-	uint64_t cur;
+	uint64_t size;
 	uint32_t h;
-	int r, lockfd;
+	int r;
 
 	memset(&cm, 0, sizeof(cm));
 	fmt_step_dirname(step, dname);
-	stepdir = eng_path("%s/%s", root, dname);
-	if (!stepdir) {
-		r = eng_err(errbuf, -ENOMEM, "out of memory");
+	r = eng_loc_open(root, &l, errbuf);
+	if (r < 0)
 		goto out;
-	}
-	path = eng_path("%s/" FMT_COMMIT_NAME, stepdir);
-	if (!path) {
-		r = eng_err(errbuf, -ENOMEM, "out of memory");
+	r = step_key(&key, dname, FMT_COMMIT_NAME, errbuf);
+	if (r < 0)
 		goto out;
-	}
-	if (stat(path, &st) == 0) {
+	if (l->be->size(l, key, &size) == 0) {
 		r = eng_err(errbuf, CKPT_E_EXISTS,
-			    "%s: step %llu is already committed", path,
+			    "%s/%s: step %llu is already committed", root, key,
 			    (unsigned long long)step);
-		goto out;
-	}
-	if (stat(stepdir, &st) < 0) {
-		r = eng_err(errbuf, CKPT_E_INCOMPLETE,
-			    "%s: no such step directory (host 0 of %u has "
-			    "not written its part)",
-			    stepdir, host_count);
 		goto out;
 	}
 	ix = calloc(host_count, sizeof(*ix));
@@ -98,20 +77,17 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		size_t nf, j;
 
 		fmt_index_name(h, iname);
-		free(path);
-		path = eng_path("%s/%s", stepdir, iname);
-		if (!path) {
-			r = eng_err(errbuf, -ENOMEM, "out of memory");
+		r = step_key(&key, dname, iname, errbuf);
+		if (r < 0)
 			goto out;
-		}
 		free(buf);
 		buf = NULL;
-		r = eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len, errbuf);
-		if (r == -ENOENT) {
+		r = l->be->get(l, key, FMT_MAX_META_BYTES, &buf, &len, errbuf);
+		if (r == -ENOENT || r == -ENOTDIR) {
 			r = eng_err(errbuf, CKPT_E_INCOMPLETE,
-				    "%s: host %u of %u has not written its "
+				    "%s/%s: host %u of %u has not written its "
 				    "index",
-				    path, h, host_count);
+				    root, key, h, host_count);
 			goto out;
 		}
 		if (r < 0)
@@ -119,23 +95,23 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		err[0] = 0;
 		r = fmt_index_decode(buf, len, x, err, sizeof(err));
 		if (r < 0) {
-			r = eng_err(errbuf, r, "%s: %s", path, err);
+			r = eng_err(errbuf, r, "%s/%s: %s", root, key, err);
 			goto out;
 		}
 		h_loaded = h + 1;
 		if (x->step != step || x->host_index != h) {
 			r = eng_err(errbuf, CKPT_E_CORRUPT,
-				    "%s: records step %llu host %u, expected "
-				    "step %llu host %u",
-				    path, (unsigned long long)x->step,
+				    "%s/%s: records step %llu host %u, "
+				    "expected step %llu host %u",
+				    root, key, (unsigned long long)x->step,
 				    x->host_index, (unsigned long long)step, h);
 			goto out;
 		}
 		if (x->host_count != host_count) {
 			r = eng_err(errbuf, CKPT_E_MISMATCH,
-				    "%s: written for %u hosts, committing for "
-				    "%u",
-				    path, x->host_count, host_count);
+				    "%s/%s: written for %u hosts, committing "
+				    "for %u",
+				    root, key, x->host_count, host_count);
 			goto out;
 		}
 		nf = nfiles + 1 + x->nfiles;
@@ -159,29 +135,27 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		for (j = 0; j < x->nfiles; j++) {
 			fmt_file_entry *fe = &x->files[j];
 
-			free(path);
-			path = eng_path("%s/%s", stepdir, fe->name);
-			if (!path) {
-				r = eng_err(errbuf, -ENOMEM, "out of memory");
+			r = step_key(&key, dname, fe->name, errbuf);
+			if (r < 0)
 				goto out;
-			}
-			if (stat(path, &st) < 0) {
-				r = errno == ENOENT ?
+			r = l->be->size(l, key, &size);
+			if (r < 0) {
+				r = r == -ENOENT ?
 					    eng_err(errbuf, CKPT_E_INCOMPLETE,
-						    "%s: host %u's shard file "
-						    "is missing",
-						    path, h) :
-					    eng_err(errbuf, -errno,
-						    "%s: stat: %s", path,
-						    strerror(errno));
+						    "%s/%s: host %u's shard "
+						    "file is missing",
+						    root, key, h) :
+					    eng_err(errbuf, r, "%s/%s: stat: %s",
+						    root, key,
+						    ckpt_strerror(r));
 				goto out;
 			}
-			if ((uint64_t)st.st_size != fe->size) {
+			if (size != fe->size) {
 				r = eng_err(errbuf, CKPT_E_CORRUPT,
-					    "%s: %llu bytes, host %u's index "
-					    "says %llu",
-					    path,
-					    (unsigned long long)st.st_size, h,
+					    "%s/%s: %llu bytes, host %u's "
+					    "index says %llu",
+					    root, key,
+					    (unsigned long long)size, h,
 					    (unsigned long long)fe->size);
 				goto out;
 			}
@@ -224,31 +198,28 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 	r = fmt_commit_encode(&cm, &out, &out_len);
 	cm.files = NULL;
 	if (r < 0) {
-		r = eng_err(errbuf, r, "%s: encoding the commit record: %s",
-			    stepdir, ckpt_strerror(r));
+		r = eng_err(errbuf, r, "%s/%s: encoding the commit record: %s",
+			    root, dname, ckpt_strerror(r));
 		goto out;
 	}
-	r = eng_write_file_atomic(stepdir, FMT_COMMIT_NAME, out, out_len,
-				  errbuf);
-	if (r < 0) {
-		/* If the rename happened but the directory fsync failed, the
-		 * step would be visible without being known durable: take
-		 * the record back so the error we return is the truth. */
-		char *cpath = eng_path("%s/" FMT_COMMIT_NAME, stepdir);
-
-		if (cpath)
-			eng_unlink(cpath);
-		free(cpath);
+	/* create-if-absent: of two committers exactly one gets here with
+	 * 0, the other CKPT_E_EXISTS; a failure after the record was placed
+	 * takes back only this process's record (backend_posix.c) */
+	r = step_key(&key, dname, FMT_COMMIT_NAME, errbuf);
+	if (r < 0)
 		goto out;
-	}
+	r = l->be->create(l, key, out, out_len, errbuf);
+	if (r == CKPT_E_EXISTS)
+		r = eng_err(errbuf, CKPT_E_EXISTS,
+			    "%s/%s: step %llu is already committed", root, key,
+			    (unsigned long long)step);
+	if (r < 0)
+		goto out;
 	/* Only move `latest` forward: committing an old step late must not
 	 * hide a newer one. `latest` is a hint (readers scan for the newest
 	 * COMMIT), so failing to update it does not undo a durable commit:
 	 * the message stays in the handle's last error, the commit succeeds. */
-	lockfd = root_lock(root);
-	if (eng_resolve_latest(root, &cur, NULL) < 0 || cur <= step)
-		(void)eng_write_latest(root, step, errbuf);
-	root_unlock(lockfd);
+	(void)eng_advance_latest(l, step, errbuf);
 out:
 	for (i = 0; i < h_loaded; i++)
 		fmt_index_free(&ix[i]);
@@ -257,194 +228,8 @@ out:
 	free(slices);
 	free(buf);
 	free(out);
-	free(path);
-	free(stepdir);
-	return r;
-}
-
-/* ------------------------------------------------------------------ */
-/* Retention and garbage collection                                   */
-/* ------------------------------------------------------------------ */
-
-static uint64_t dir_bytes(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *de;
-	uint64_t n = 0;
-
-	if (!d)
-		return 0;
-	while ((de = readdir(d)) != NULL) {
-		struct stat st;
-
-		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) ==
-			    0 &&
-		    S_ISREG(st.st_mode))
-			n += (uint64_t)st.st_size;
-	}
-	closedir(d);
-	return n;
-}
-
-static int remove_step(const char *root, uint64_t step, int dry,
-		       uint64_t *bytes, char *errbuf)
-{
-	char dname[32];
-	char *dir, *commit;
-	struct stat st;
-	int r = 0;
-
-	fmt_step_dirname(step, dname);
-	dir = eng_path("%s/%s", root, dname);
-	commit = eng_path("%s/%s/" FMT_COMMIT_NAME, root, dname);
-	if (!dir || !commit) {
-		r = eng_err(errbuf, -ENOMEM, "out of memory");
-		goto out;
-	}
-	if (dry) {
-		*bytes += dir_bytes(dir);
-		goto out;
-	}
-	/* COMMIT first: a crash halfway leaves debris, never a step that
-	 * claims files it no longer has. */
-	if (stat(commit, &st) == 0) {
-		r = eng_unlink(commit);
-		if (r < 0 && r != -ENOENT) {
-			r = eng_err(errbuf, r, "%s: unlink: %s", commit,
-				    ckpt_strerror(r));
-			goto out;
-		}
-		*bytes += (uint64_t)st.st_size;
-	}
-	r = eng_remove_tree(dir, bytes);
-	if (r < 0)
-		r = eng_err(errbuf, r, "%s: remove: %s", dir, ckpt_strerror(r));
-out:
-	free(dir);
-	free(commit);
-	return r;
-}
-
-static int remove_root_tmp(const char *root, int dry, ckpt_gc_report *rep,
-			   char *errbuf)
-{
-	DIR *d = opendir(root);
-	struct dirent *de;
-	size_t sl = strlen(FMT_TMP_SUFFIX);
-	int r = 0;
-
-	if (!d)
-		return 0;
-	while ((de = readdir(d)) != NULL) {
-		size_t n = strlen(de->d_name);
-		struct stat st;
-		char *p;
-
-		if (n <= sl || strcmp(de->d_name + n - sl, FMT_TMP_SUFFIX))
-			continue;
-		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) <
-			    0 ||
-		    !S_ISREG(st.st_mode))
-			continue;
-		if (!dry) {
-			int e;
-
-			p = eng_path("%s/%s", root, de->d_name);
-			if (!p) {
-				r = eng_err(errbuf, -ENOMEM, "out of memory");
-				break;
-			}
-			e = eng_unlink(p);
-			free(p);
-			if (e == -ENOENT)
-				continue;
-			if (e < 0) {
-				r = eng_err(errbuf, e, "%s/%s: unlink: %s",
-					    root, de->d_name, ckpt_strerror(e));
-				break;
-			}
-		}
-		rep->debris_removed++;
-		rep->bytes_freed += (uint64_t)st.st_size;
-	}
-	closedir(d);
-	return r;
-}
-
-int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
-	       unsigned flags, int debris, uint64_t skip_step,
-	       ckpt_gc_fn fn, void *arg, ckpt_gc_report *report,
-	       char *errbuf)
-{
-	ckpt_gc_report rep;
-	eng_step_ent *v = NULL;
-	unsigned char *drop = NULL;
-	size_t n = 0, i, rank = 0;
-	int dry = (flags & CKPT_GC_DRY_RUN) != 0, have_newest = 0, r;
-	uint64_t newest = 0;
-
-	memset(&rep, 0, sizeof(rep));
-	r = eng_scan_steps(root, &v, &n, errbuf);
-	if (r < 0)
-		goto out;
-	drop = calloc(n ? n : 1, 1);
-	if (!drop) {
-		r = eng_err(errbuf, -ENOMEM, "out of memory");
-		goto out;
-	}
-	for (i = 0; i < n; i++)
-		if (v[i].committed) {
-			newest = v[i].step;
-			have_newest = 1;
-		}
-	/* Decide first (committed steps, newest first; rank 0 is the
-	 * newest), then remove in ascending step order, so that fn sees the
-	 * steps in order. */
-	for (i = n; i-- > 0;) {
-		int keep;
-
-		if (!v[i].committed)
-			continue;
-		keep = rank == 0 || keep_last == 0 || rank < keep_last ||
-		       (keep_every && v[i].step % keep_every == 0);
-		rank++;
-		if (!keep && v[i].step != skip_step)
-			drop[i] = 1;
-	}
-	if (debris && have_newest)
-		for (i = 0; i < n; i++)
-			if (!v[i].committed && v[i].step < newest &&
-			    v[i].step != skip_step)
-				drop[i] = 1;
-	for (i = 0; i < n; i++) {
-		uint64_t bytes = 0;
-
-		if (!drop[i])
-			continue;
-		r = remove_step(root, v[i].step, dry, &bytes, errbuf);
-		rep.bytes_freed += bytes; /* partial on failure */
-		if (r < 0)
-			goto out;
-		if (v[i].committed)
-			rep.steps_removed++;
-		else
-			rep.debris_removed++;
-		if (fn)
-			fn(arg, v[i].step, v[i].committed, bytes);
-	}
-	if (debris) {
-		int lockfd = root_lock(root);
-
-		r = remove_root_tmp(root, dry, &rep, errbuf);
-		root_unlock(lockfd);
-		if (r < 0)
-			goto out;
-	}
-out:
-	free(drop);
-	free(v);
-	if (report)
-		*report = rep;
+	free(key);
+	eng_loc_close(l);
 	return r;
 }
 
@@ -509,7 +294,7 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count)
 	*out = NULL;
 	*count = 0;
 	err[0] = 0;
-	r = eng_scan_steps(c->root, &v, &n, err);
+	r = eng_list_steps(c->root, &v, &n, err);
 	if (r < 0)
 		return fail(c, r, err);
 	info = calloc(n ? n : 1, sizeof(*info));
@@ -520,9 +305,7 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count)
 	for (i = 0; i < n; i++) {
 		fmt_commit cm;
 
-		if (!v[i].committed)
-			continue;
-		/* removed or damaged since the scan: not listed */
+		/* uncommitted, removed or damaged: not listed */
 		if (eng_load_commit(c->root, v[i].step, &cm, NULL) < 0)
 			continue;
 		info[k].step = cm.step;

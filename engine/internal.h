@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "ckpt.h"
+#include "backend.h"
 #include "fmt.h"
 
 #define ENG_ERRMSG_MAX 1024
@@ -63,6 +64,10 @@ typedef struct eng_io {
 	int (*unlink)(const char *path);
 	int (*mkdir)(const char *path, mode_t mode);
 	int (*rmdir)(const char *path);
+	/* rename that fails with -EEXIST if `to` exists; -EINVAL if the file
+	 * system cannot (eng_rename_noreplace then uses link + unlink). */
+	int (*rename_noreplace)(const char *from, const char *to);
+	int (*link)(const char *from, const char *to);
 	long (*write_result)(int fd, uint64_t off, size_t len, long res);
 	long (*read_result)(int fd, uint64_t off, size_t len, long res);
 	int (*ftruncate)(int fd, off_t len);
@@ -100,6 +105,11 @@ int eng_fsync(int fd);
 int eng_fdatasync(int fd);
 int eng_rename(const char *from, const char *to);
 int eng_unlink(const char *path);
+/* Creates `to` from `from` only if `to` does not exist (-EEXIST):
+ * renameat2(RENAME_NOREPLACE), or link() + unlink(from) where the file
+ * system does not support it. */
+int eng_rename_noreplace(const char *from, const char *to);
+int eng_link(const char *from, const char *to);
 int eng_mkdir(const char *path, mode_t mode); /* EEXIST is success */
 int eng_rmdir(const char *path);
 int eng_ftruncate(int fd, off_t len);
@@ -118,7 +128,7 @@ void eng_uring_queue_exit(struct io_uring *ring);
 long eng_filter_write(int fd, uint64_t off, size_t len, long res);
 long eng_filter_read(int fd, uint64_t off, size_t len, long res);
 
-/* ---- paths and small files ------------------------------------------- */
+/* ---- paths and small files (util.c, backend_posix.c) ------------------ */
 
 /* snprintf into a malloc'd string; NULL on ENOMEM. */
 char *eng_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -128,23 +138,41 @@ int eng_fsync_dir(const char *dir);
  * -EFBIG (with message) if larger. */
 int eng_read_file(const char *path, uint64_t max_len, uint8_t **out,
 		  size_t *out_len, char *errbuf);
-/* Writes dir/name atomically: dir/name.tmp, fsync, rename, fsync dir. */
+/* Writes dir/name atomically: a unique temporary (eng_tmp_name), fsync,
+ * rename, fsync dir. */
 int eng_write_file_atomic(const char *dir, const char *name,
 			  const void *buf, size_t len, char *errbuf);
+/* Creates dir/name only if it does not exist (CKPT_E_EXISTS otherwise),
+ * atomically across processes, durable when it returns (see
+ * backend_posix.c). */
+int eng_create_file(const char *dir, const char *name, const void *buf,
+		    size_t len, char *errbuf);
 /* Recursively removes a step directory's files and the directory. */
 int eng_remove_tree(const char *dir, uint64_t *bytes_freed);
 
 /* 1 if `dir` supports O_DIRECT (probed by writing a 4 KiB file). */
 int eng_probe_direct(const char *dir);
 
-/* ---- committed steps -------------------------------------------------- */
+/* ---- committed steps (root.c) ----------------------------------------- */
+
+/*
+ * Everything here takes a root as given to ckpt_open (a directory, later
+ * also gs://...) and works through the backend (backend.h). The newest
+ * committed step is found without decoding every commit record: step names
+ * are listed, sorted descending, and records validated newest first until
+ * one is valid.
+ */
 
 /* Loads and validates root/step-N/COMMIT. CKPT_E_NOTFOUND if absent. */
 int eng_load_commit(const char *root, uint64_t step, fmt_commit *cm,
 		    char *errbuf);
+/* Commit records decoded by eng_load_commit since the process started
+ * (tests check that finding the newest step does not decode them all). */
+unsigned long eng_commit_decodes(void);
 /*
  * Step directories under root, ascending, each flagged committed or not
- * (committed = COMMIT present and valid). *out malloc'd.
+ * (committed = COMMIT present and valid; every record is decoded). *out
+ * malloc'd.
  */
 typedef struct eng_step_ent {
 	uint64_t step;
@@ -152,8 +180,13 @@ typedef struct eng_step_ent {
 } eng_step_ent;
 int eng_scan_steps(const char *root, eng_step_ent **out, size_t *count,
 		   char *errbuf);
+/* Names only: the steps present under root, ascending, committed = -1
+ * (unknown). */
+int eng_list_steps(const char *root, eng_step_ent **out, size_t *count,
+		   char *errbuf);
 /* Newest committed step (the `latest` pointer is a hint; a newer committed
- * step found by scanning wins). CKPT_E_NOTFOUND if none. */
+ * step found by scanning wins). CKPT_E_NOTFOUND if none. Decodes commit
+ * records newest first, stopping at the first valid one. */
 int eng_resolve_latest(const char *root, uint64_t *step, char *errbuf);
 /* Points root/latest at step (atomic replace). */
 int eng_write_latest(const char *root, uint64_t step, char *errbuf);

@@ -165,6 +165,38 @@ int eng_unlink(const char *path)
 	NEG_ERRNO(unlink(path));
 }
 
+int eng_link(const char *from, const char *to)
+{
+	const eng_io *io = cur();
+
+	if (io && io->link)
+		return io->link(from, to);
+	NEG_ERRNO(link(from, to));
+}
+
+int eng_rename_noreplace(const char *from, const char *to)
+{
+	const eng_io *io = cur();
+	int r;
+
+	if (io && io->rename_noreplace)
+		r = io->rename_noreplace(from, to);
+	else
+		r = renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) <
+				    0 ?
+			    -errno :
+			    0;
+	if (r != -EINVAL && r != -ENOSYS)
+		return r;
+	/* no RENAME_NOREPLACE here (some network file systems): a hard
+	 * link fails with EEXIST just the same */
+	r = eng_link(from, to);
+	if (r < 0)
+		return r;
+	(void)eng_unlink(from);
+	return 0;
+}
+
 int eng_mkdir(const char *path, mode_t mode)
 {
 	const eng_io *io = cur();

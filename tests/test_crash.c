@@ -382,6 +382,15 @@ static int x_rename(const char *a, const char *b)
 	return r;
 }
 
+static int x_rename_noreplace(const char *a, const char *b)
+{
+	point();
+	int r = renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_NOREPLACE) ? -errno
+								      : 0;
+	point();
+	return r;
+}
+
 static int x_unlink(const char *p)
 {
 	point();
@@ -412,6 +421,7 @@ static const eng_io crash_io = {
 	.fsync = x_fsync,
 	.fdatasync = x_fdatasync,
 	.rename = x_rename,
+	.rename_noreplace = x_rename_noreplace,
 	.unlink = x_unlink,
 	.mkdir = x_mkdir,
 	.rmdir = x_rmdir,

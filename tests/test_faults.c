@@ -112,11 +112,12 @@ static int classify(const char *path, int isdir)
 {
 	char b[256], sd[32];
 	base_name(path, b, sizeof(b));
+	/* temporaries are NAME.<pid>-<random>.tmp */
 	if (!strcmp(b, FMT_LATEST_NAME) ||
-	    !strcmp(b, FMT_LATEST_NAME FMT_TMP_SUFFIX))
+	    !strncmp(b, FMT_LATEST_NAME ".", strlen(FMT_LATEST_NAME) + 1))
 		return ST_LATEST;
 	if (!strcmp(b, FMT_COMMIT_NAME) ||
-	    !strcmp(b, FMT_COMMIT_NAME FMT_TMP_SUFFIX))
+	    !strncmp(b, FMT_COMMIT_NAME ".", strlen(FMT_COMMIT_NAME) + 1))
 		return ST_COMMIT;
 	int cd = atomic_load(&commit_done), ld = atomic_load(&latest_done);
 	if (isdir) {
@@ -226,14 +227,14 @@ static int h_fdatasync(int fd)
 	return sync_hook(fd, 1);
 }
 
-static int h_rename(const char *from, const char *to)
+static int rename_hook(const char *from, const char *to, unsigned flags)
 {
 	long n = atomic_fetch_add(&n_renames, 1) + 1;
 	if (atomic_load(&mode) == M_RENAME_ERR && n == atomic_load(&target)) {
 		fire("rename to", to, 0);
 		return -EIO;
 	}
-	if (rename(from, to))
+	if (renameat2(AT_FDCWD, from, AT_FDCWD, to, flags))
 		return -errno;
 	char b[256];
 	base_name(to, b, sizeof(b));
@@ -242,6 +243,16 @@ static int h_rename(const char *from, const char *to)
 	if (!strcmp(b, FMT_LATEST_NAME))
 		atomic_store(&latest_done, 1);
 	return 0;
+}
+
+static int h_rename(const char *from, const char *to)
+{
+	return rename_hook(from, to, 0);
+}
+
+static int h_rename_noreplace(const char *from, const char *to)
+{
+	return rename_hook(from, to, RENAME_NOREPLACE);
 }
 
 /* Files created (O_CREAT): shards, indexes, COMMIT, latest temp files. */
@@ -267,6 +278,7 @@ static const eng_io hooks = {
 	.fsync = h_fsync,
 	.fdatasync = h_fdatasync,
 	.rename = h_rename,
+	.rename_noreplace = h_rename_noreplace,
 	.write_result = h_write_result,
 	.read_result = h_read_result,
 };
@@ -449,15 +461,20 @@ static void read_hint(const char *dir, char *out, size_t len)
 	free(p);
 }
 
-/* The step directory of `step` holds neither COMMIT nor COMMIT.tmp. */
+/* The step directory of `step` holds neither COMMIT nor a temporary of
+ * it (COMMIT.<pid>-<random>.tmp). */
 static void check_no_commit(const char *dir, uint64_t step, const char *ctx)
 {
 	char *sd = tu_step_dir(dir, step);
 	char *p = tu_path("%s/%s", sd, FMT_COMMIT_NAME);
-	char *t = tu_path("%s/%s%s", sd, FMT_COMMIT_NAME, FMT_TMP_SUFFIX);
 	ck_assert_msg(!tu_exists(p), "%s: %s left behind", ctx, p);
-	ck_assert_msg(!tu_exists(t), "%s: %s left behind", ctx, t);
-	free(t);
+	DIR *d = opendir(sd);
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		ck_assert_msg(strncmp(e->d_name, FMT_COMMIT_NAME ".", 7),
+			      "%s: %s/%s left behind", ctx, sd, e->d_name);
+	if (d)
+		closedir(d);
 	free(p);
 	free(sd);
 }
