@@ -190,6 +190,13 @@ int eng_list_steps(const char *root, eng_step_ent **out, size_t *count,
 int eng_resolve_latest(const char *root, uint64_t *step, char *errbuf);
 /* Points root/latest at step (atomic replace). */
 int eng_write_latest(const char *root, uint64_t step, char *errbuf);
+/* eng_advance_latest (backend.h) on root: `latest` only moves forward. */
+int eng_move_latest(const char *root, uint64_t step, char *errbuf);
+/* Reads the document root/dname/name (at most max_len bytes) whole through
+ * the backend: commit records and indexes for the reader. */
+int eng_get_doc(const char *root, const char *dname, const char *name,
+		uint64_t max_len, uint8_t **out, size_t *out_len,
+		char *errbuf);
 
 /* Number of online CPUs, at least 1. */
 unsigned eng_ncpus(void);

@@ -209,7 +209,6 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 	struct rd_host *ho = &r->hosts[h];
 	const fmt_file_entry *ie = ho->cm_index;
 	char iname[32], err[ENG_ERRMSG_MAX];
-	char *path = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0, nshards = ho->cm_nshards;
 	int rc;
@@ -223,10 +222,7 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 		return eng_err(r->errmsg, CKPT_E_CORRUPT,
 			       "%s/%s: the commit record says %llu bytes",
 			       r->dname, iname, (ull)ie->size);
-	path = eng_path("%s/%s", r->stepdir, iname);
-	if (!path)
-		return eng_err(r->errmsg, -ENOMEM, "out of memory");
-	rc = eng_read_file(path, ie->size, &buf, &len, err);
+	rc = eng_get_doc(r->root, r->dname, iname, ie->size, &buf, &len, err);
 	if (rc == -ENOENT) {
 		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
 			     "%s/%s: missing (listed in %s)", r->dname, iname,
@@ -315,7 +311,6 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 			cmp_stream, &ho->ix);
 out:
 	free(buf);
-	free(path);
 	return rc;
 }
 
@@ -470,16 +465,14 @@ static void rd_stats(ckpt_reader *r)
 /* Reads COMMIT once: the document, and its size and hash for listings. */
 static int rd_load_commit(ckpt_reader *r)
 {
-	char *path = eng_path("%s/" FMT_COMMIT_NAME, r->stepdir);
 	char err[ENG_ERRMSG_MAX];
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	int rc;
 
-	if (!path)
-		return eng_err(r->errmsg, -ENOMEM, "out of memory");
-	rc = eng_read_file(path, FMT_MAX_META_BYTES + FMT_META_HDR_SIZE, &buf,
-			   &len, err);
+	rc = eng_get_doc(r->root, r->dname, FMT_COMMIT_NAME,
+			 FMT_MAX_META_BYTES + FMT_META_HDR_SIZE, &buf, &len,
+			 err);
 	if (rc == -ENOENT || rc == -ENOTDIR) {
 		rc = eng_err(r->errmsg, CKPT_E_NOTFOUND,
 			     "%s: step %llu is not committed (no %s/%s)",
@@ -515,7 +508,6 @@ static int rd_load_commit(ckpt_reader *r)
 	r->commit_xxh3 = fmt_xxh3(buf, len);
 out:
 	free(buf);
-	free(path);
 	return rc;
 }
 

@@ -240,7 +240,7 @@ static int rd_copy_file(ckpt_reader *r, const char *dstdir,
 			void *arg)
 {
 	char *src = eng_path("%s/%s", r->stepdir, fe->name);
-	char *tmp = eng_path("%s/%s" FMT_TMP_SUFFIX, dstdir, fe->name);
+	char *tmp = eng_tmp_name(dstdir, fe->name);
 	char *dst = eng_path("%s/%s", dstdir, fe->name);
 	XXH3_state_t *hs = XXH3_createState();
 	int in = -1, outfd = -1, rc;
@@ -343,8 +343,8 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 	char *dstdir = NULL, *cpath = NULL;
 	uint8_t *buf = NULL, *cbuf = NULL;
 	size_t clen = 0;
-	uint64_t total, done = 0, cur = 0;
-	int rc, have_latest, created = 0;
+	uint64_t total, done = 0;
+	int rc, created = 0;
 	fmt_commit tmpcm;
 	char err[ENG_ERRMSG_MAX];
 
@@ -367,8 +367,6 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			       "%s: step %llu is already committed there",
 			       dst_root, (ull)r->step);
 	}
-	rc = eng_resolve_latest(dst_root, &cur, NULL);
-	have_latest = rc == 0;
 	dstdir = eng_path("%s/%s", dst_root, r->dname);
 	cpath = eng_path("%s/" FMT_COMMIT_NAME, r->stepdir);
 	buf = malloc(RD_COPY_BLOCK);
@@ -412,19 +410,21 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			     r->dname, FMT_COMMIT_NAME);
 		goto out;
 	}
-	rc = eng_write_file_atomic(dstdir, FMT_COMMIT_NAME, cbuf, clen, err);
+	/* create-if-absent: a concurrent copy of the same step that won
+	 * keeps its files (CKPT_E_EXISTS, nothing removed) */
+	rc = eng_create_file(dstdir, FMT_COMMIT_NAME, cbuf, clen, err);
+	if (rc == CKPT_E_EXISTS)
+		created = 0;
 	if (rc < 0) {
 		rc = eng_err(r->errmsg, rc, "%s", err);
 		goto out;
 	}
 	created = 0; /* committed: never remove it now */
 	done += clen;
-	if (!have_latest || cur < r->step) {
-		rc = eng_write_latest(dst_root, r->step, err);
-		if (rc < 0) {
-			rc = eng_err(r->errmsg, rc, "%s", err);
-			goto out;
-		}
+	rc = eng_move_latest(dst_root, r->step, err);
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc, "%s", err);
+		goto out;
 	}
 	rc = rd_progress(r, fn, arg, done, total);
 	if (rc == CKPT_E_CANCELED)

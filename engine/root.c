@@ -247,3 +247,37 @@ int eng_advance_latest(eng_loc *l, uint64_t step, char *errbuf)
 	l->be->unlock(l, tok);
 	return r;
 }
+
+int eng_move_latest(const char *root, uint64_t step, char *errbuf)
+{
+	eng_loc *l;
+	int r = eng_loc_open(root, &l, errbuf);
+
+	if (r < 0)
+		return r;
+	r = eng_advance_latest(l, step, errbuf);
+	eng_loc_close(l);
+	return r;
+}
+
+int eng_get_doc(const char *root, const char *dname, const char *name,
+		uint64_t max_len, uint8_t **out, size_t *out_len, char *errbuf)
+{
+	eng_loc *l;
+	char *key;
+	int r;
+
+	*out = NULL;
+	*out_len = 0;
+	r = eng_loc_open(root, &l, errbuf);
+	if (r < 0)
+		return r;
+	key = eng_path("%s/%s", dname, name);
+	if (!key)
+		r = eng_err(errbuf, -ENOMEM, "out of memory");
+	else
+		r = l->be->get(l, key, max_len, out, out_len, errbuf);
+	free(key);
+	eng_loc_close(l);
+	return r;
+}
