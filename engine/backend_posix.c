@@ -410,8 +410,9 @@ static int px_read_range(eng_loc *l, const char *key, uint64_t off, void *buf,
 	return r;
 }
 
-static int px_create(eng_loc *l, const char *key, const void *buf, size_t len,
-		     char *errbuf)
+/* create (COMMIT: never replaces) or replace (latest) dir/name */
+static int put_doc(eng_loc *l, const char *key, const void *buf, size_t len,
+		   int create, char *errbuf)
 {
 	const char *name;
 	char *dir = parent_of(l, key, &name);
@@ -419,23 +420,22 @@ static int px_create(eng_loc *l, const char *key, const void *buf, size_t len,
 
 	if (!dir)
 		return eng_err(errbuf, -ENOMEM, "out of memory");
-	r = eng_create_file(dir, name, buf, len, errbuf);
+	r = create ? eng_create_file(dir, name, buf, len, errbuf) :
+		     eng_write_file_atomic(dir, name, buf, len, errbuf);
 	free(dir);
 	return r;
+}
+
+static int px_create(eng_loc *l, const char *key, const void *buf, size_t len,
+		     char *errbuf)
+{
+	return put_doc(l, key, buf, len, 1, errbuf);
 }
 
 static int px_replace(eng_loc *l, const char *key, const void *buf, size_t len,
 		      char *errbuf)
 {
-	const char *name;
-	char *dir = parent_of(l, key, &name);
-	int r;
-
-	if (!dir)
-		return eng_err(errbuf, -ENOMEM, "out of memory");
-	r = eng_write_file_atomic(dir, name, buf, len, errbuf);
-	free(dir);
-	return r;
+	return put_doc(l, key, buf, len, 0, errbuf);
 }
 
 static int px_remove(eng_loc *l, const char *key, char *errbuf)

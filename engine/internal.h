@@ -188,8 +188,6 @@ int eng_list_steps(const char *root, eng_step_ent **out, size_t *count,
  * step found by scanning wins). CKPT_E_NOTFOUND if none. Decodes commit
  * records newest first, stopping at the first valid one. */
 int eng_resolve_latest(const char *root, uint64_t *step, char *errbuf);
-/* Points root/latest at step (atomic replace). */
-int eng_write_latest(const char *root, uint64_t step, char *errbuf);
 /* eng_advance_latest (backend.h) on root: `latest` only moves forward. */
 int eng_move_latest(const char *root, uint64_t step, char *errbuf);
 /* Reads the document root/dname/name (at most max_len bytes) whole through

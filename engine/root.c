@@ -224,18 +224,6 @@ static int loc_write_latest(eng_loc *l, uint64_t step, char *errbuf)
 	return l->be->replace(l, FMT_LATEST_NAME, line, (size_t)n, errbuf);
 }
 
-int eng_write_latest(const char *root, uint64_t step, char *errbuf)
-{
-	eng_loc *l;
-	int r = eng_loc_open(root, &l, errbuf);
-
-	if (r < 0)
-		return r;
-	r = loc_write_latest(l, step, errbuf);
-	eng_loc_close(l);
-	return r;
-}
-
 int eng_advance_latest(eng_loc *l, uint64_t step, char *errbuf)
 {
 	uint64_t cur;
