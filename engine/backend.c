@@ -102,6 +102,15 @@ void eng_loc_close(eng_loc *l)
 	free(l);
 }
 
+int eng_loc_check(const char *where)
+{
+	eng_loc *l;
+	int r = eng_loc_open(where, &l, NULL);
+
+	eng_loc_close(l);
+	return r;
+}
+
 char *eng_tmp_name(const char *dir, const char *name)
 {
 	static atomic_uint seq;

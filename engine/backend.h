@@ -114,6 +114,9 @@ int eng_loc_parse(const char *where, char **bucket, char **prefix,
  * -EPROTONOSUPPORT with a message saying so. */
 int eng_loc_open(const char *where, eng_loc **out, char *errbuf);
 void eng_loc_close(eng_loc *l);
+/* 0 if a backend serves `where`, else eng_loc_open's code and message
+ * (in the calling thread's last message). */
+int eng_loc_check(const char *where);
 
 extern const eng_backend eng_backend_posix;
 

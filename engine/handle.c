@@ -255,6 +255,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	len = strlen(c->root);
 	while (len > 1 && c->root[len - 1] == '/')
 		c->root[--len] = 0;
+	r = eng_loc_check(c->root);
+	if (r < 0)
+		goto fail;
 	r = mkdir_p(c->root);
 	if (r < 0) {
 		eng_err(NULL, r, "%s: cannot create directory: %s", c->root,

@@ -64,6 +64,18 @@ START_TEST(test_locations)
 					  NULL),
 			 -EPROTONOSUPPORT);
 
+	/* a handle cannot be opened there yet, and nothing local appears */
+	char *cwd = getcwd(NULL, 0);
+	ck_assert_int_eq(chdir(tu_tmpdir()), 0);
+	ckpt *c = NULL;
+	ck_assert_int_eq(ckpt_open(&c, "gs://bkt/run1", NULL),
+			 -EPROTONOSUPPORT);
+	ck_assert_msg(strstr(ckpt_errmsg(NULL), "not built yet"), "%s",
+		      ckpt_errmsg(NULL));
+	ck_assert(!tu_exists("gs:"));
+	ck_assert_int_eq(chdir(cwd), 0);
+	free(cwd);
+
 	ck_assert_int_eq(eng_loc_open(tu_tmpdir(), &l, NULL), 0);
 	ck_assert_str_eq(l->be->name, "posix");
 	eng_loc_close(l);
