@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -357,6 +358,57 @@ START_TEST(test_concurrent_hosts)
 }
 END_TEST
 
+struct coord_arg {
+	const char *dir;
+	pthread_barrier_t *bar;
+	int rc;
+};
+
+static void *coord_thread(void *arg)
+{
+	struct coord_arg *a = arg;
+	ckpt *co = open_coordinator(a->dir, NH);
+	pthread_barrier_wait(a->bar);
+	a->rc = ckpt_commit(co, 7);
+	ck_assert_int_eq(ckpt_close(co), 0);
+	return NULL;
+}
+
+/* Two coordinators commit the same multi-host step at once (a retry
+ * racing the first attempt): exactly one succeeds, the other is told the
+ * step exists, and the step is whole. */
+START_TEST(test_two_coordinators)
+{
+	const char *dir = tu_tmpdir();
+	for (uint32_t h = 0; h < NH; h++) {
+		ckpt *c = open_host(dir, h, NH);
+		save_host(c, h, 7);
+		ck_assert_int_eq(ckpt_close(c), 0);
+	}
+	char *sd = tu_step_dir(dir, 7);
+	char *cm = tu_path("%s/COMMIT", sd);
+	for (int round = 0; round < 20; round++) {
+		pthread_barrier_t bar;
+		pthread_t th[2];
+		struct coord_arg a[2] = {{dir, &bar, -1}, {dir, &bar, -1}};
+		unlink(cm); /* commit the same files again */
+		pthread_barrier_init(&bar, NULL, 2);
+		for (int k = 0; k < 2; k++)
+			pthread_create(&th[k], NULL, coord_thread, &a[k]);
+		for (int k = 0; k < 2; k++)
+			pthread_join(th[k], NULL);
+		pthread_barrier_destroy(&bar);
+		ck_assert_msg((a[0].rc == 0 && a[1].rc == CKPT_E_EXISTS) ||
+				      (a[1].rc == 0 && a[0].rc == CKPT_E_EXISTS),
+			      "round %d: %d and %d", round, a[0].rc, a[1].rc);
+		ck_assert_int_eq(tu_count_suffix(sd, ".tmp"), 0);
+	}
+	free(cm);
+	free(sd);
+	check_full(dir, 7);
+}
+END_TEST
+
 START_TEST(test_manual_commit)
 {
 	const char *dir = tu_tmpdir();
@@ -511,6 +563,7 @@ int main(void)
 	TCase *tc = tu_tcase("multihost", 120);
 	tcase_add_test(tc, test_three_hosts);
 	tcase_add_test(tc, test_concurrent_hosts);
+	tcase_add_test(tc, test_two_coordinators);
 	tcase_add_test(tc, test_manual_commit);
 	tcase_add_test(tc, test_gap);
 	tcase_add_test(tc, test_mismatch);
