@@ -21,7 +21,8 @@ object's file; nothing is held whole in memory.
 
 What it implements (as Cloud Storage does; differences are marked FAKE):
 - Paths: /storage/v1/b[/B[/o[/NAME[/compose|/copyTo/b/B/o/N|/rewriteTo/..]]]]
-  (NAME percent-encoded, %2F for '/'), /upload/storage/v1/b/B/o,
+  (NAME percent-encoded, %2F for '/'), /upload/storage/v1/b/B/o (and its
+  alias /resumable/upload/storage/v1/b/B/o, which gcloud's apitools uses),
   /download/storage/v1/b/B/o/NAME. ?alt=media downloads the bytes.
 - Buckets: insert (409 if it exists), get, list, patch/update, delete (409
   when not empty). --bucket NAME precreates one (repeatable).
@@ -127,676 +128,678 @@ JSON_LIMIT = 16 << 20
 
 
 class Dropped(Exception):
-	"""The connection was dropped on purpose (a fault): stop handling."""
+    """The connection was dropped on purpose (a fault): stop handling."""
 
 
 class Body:
-	"""The request body: Content-Length or chunked, read once."""
+    """The request body: Content-Length or chunked, read once."""
 
-	def __init__(self, rfile, length, chunked):
-		self.rfile = rfile
-		self.chunked = chunked
-		self.left = length  # bytes left (of the current chunk if chunked)
-		self.done = (not chunked) and length == 0
-		self.total = 0
+    def __init__(self, rfile, length, chunked):
+        self.rfile = rfile
+        self.chunked = chunked
+        self.left = length  # bytes left (of the current chunk if chunked)
+        self.done = (not chunked) and length == 0
+        self.total = 0
 
-	def _next_chunk(self):
-		line = self.rfile.readline(65537)
-		if not line:
-			raise ConnectionError("EOF in chunked body")
-		self.left = int(line.split(b";")[0].strip() or b"0", 16)
-		if self.left == 0:
-			while self.rfile.readline(65537) not in (b"\r\n", b"\n",
-								 b""):
-				pass
-			self.done = True
+    def _next_chunk(self):
+        line = self.rfile.readline(65537)
+        if not line:
+            raise ConnectionError("EOF in chunked body")
+        self.left = int(line.split(b";")[0].strip() or b"0", 16)
+        if self.left == 0:
+            while self.rfile.readline(65537) not in (b"\r\n", b"\n",
+                                                     b""):
+                pass
+            self.done = True
 
-	def readinto(self, mv):
-		if self.done:
-			return 0
-		if self.chunked and self.left == 0:
-			self._next_chunk()
-			if self.done:
-				return 0
-		n = self.rfile.readinto(mv[:min(len(mv), self.left)])
-		if not n:
-			raise ConnectionError("EOF in request body")
-		self.left -= n
-		self.total += n
-		if self.left == 0:
-			if self.chunked:
-				self.rfile.readline(3)
-			else:
-				self.done = True
-		return n
+    def readinto(self, mv):
+        if self.done:
+            return 0
+        if self.chunked and self.left == 0:
+            self._next_chunk()
+            if self.done:
+                return 0
+        n = self.rfile.readinto(mv[:min(len(mv), self.left)])
+        if not n:
+            raise ConnectionError("EOF in request body")
+        self.left -= n
+        self.total += n
+        if self.left == 0:
+            if self.chunked:
+                self.rfile.readline(3)
+            else:
+                self.done = True
+        return n
 
-	def read_all(self, limit=JSON_LIMIT):
-		out = bytearray()
-		buf = bytearray(65536)
-		mv = memoryview(buf)
-		while True:
-			n = self.readinto(mv)
-			if not n:
-				return bytes(out)
-			out += mv[:n]
-			if len(out) > limit:
-				raise bad_request("Request body too large.")
+    def read_all(self, limit=JSON_LIMIT):
+        out = bytearray()
+        buf = bytearray(65536)
+        mv = memoryview(buf)
+        while True:
+            n = self.readinto(mv)
+            if not n:
+                return bytes(out)
+            out += mv[:n]
+            if len(out) > limit:
+                raise bad_request("Request body too large.")
 
-	def drain(self):
-		buf = bytearray(PIECE)
-		mv = memoryview(buf)
-		while self.readinto(mv):
-			pass
+    def drain(self):
+        buf = bytearray(PIECE)
+        mv = memoryview(buf)
+        while self.readinto(mv):
+            pass
 
 
 class Stats:
-	def __init__(self):
-		self.lock = threading.Lock()
-		self.requests = 0
-		self.bytes_in = 0
-		self.bytes_out = 0
-		self.faults = {}
-		self.methods = {}
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.faults = {}
+        self.methods = {}
 
-	def add(self, **kw):
-		with self.lock:
-			for k, v in kw.items():
-				setattr(self, k, getattr(self, k) + v)
+    def add(self, **kw):
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
 
-	def method(self, name):
-		with self.lock:
-			self.requests += 1
-			self.methods[name] = self.methods.get(name, 0) + 1
+    def method(self, name):
+        with self.lock:
+            self.requests += 1
+            self.methods[name] = self.methods.get(name, 0) + 1
 
-	def fault(self, label):
-		with self.lock:
-			self.faults[label] = self.faults.get(label, 0) + 1
+    def fault(self, label):
+        with self.lock:
+            self.faults[label] = self.faults.get(label, 0) + 1
 
 
 def copy_range(src, dst, n):
-	"""Copy n bytes from the current offset of src to dst (files)."""
-	left = n
-	while left > 0:
-		try:
-			k = os.copy_file_range(src.fileno(), dst.fileno(), left)
-		except OSError:
-			k = 0
-		if k <= 0:
-			data = src.read(min(left, PIECE))
-			if not data:
-				raise IOError("short source object")
-			dst.write(data)
-			k = len(data)
-		left -= k
+    """Copy n bytes from the current offset of src to dst (files)."""
+    left = n
+    while left > 0:
+        try:
+            k = os.copy_file_range(src.fileno(), dst.fileno(), left)
+        except OSError:
+            k = 0
+        if k <= 0:
+            data = src.read(min(left, PIECE))
+            if not data:
+                raise IOError("short source object")
+            dst.write(data)
+            k = len(data)
+        left -= k
 
 
 def parse_range(value, size):
-	"""(start, end) inclusive, None for no/ignored range, 'unsat' for 416."""
-	if not value or not value.startswith("bytes=") or "," in value:
-		return None
-	a, sep, b = value[6:].strip().partition("-")
-	if not sep:
-		return None
-	try:
-		if a == "":
-			n = int(b)
-			if n <= 0 or size == 0:
-				return "unsat"
-			return max(0, size - n), size - 1
-		start = int(a)
-		end = int(b) if b else size - 1
-	except ValueError:
-		return None
-	if start >= size:
-		return "unsat"
-	if end < start:
-		return None
-	return start, min(end, size - 1)
+    """(start, end) inclusive, None for no/ignored range, 'unsat' for 416."""
+    if not value or not value.startswith("bytes=") or "," in value:
+        return None
+    a, sep, b = value[6:].strip().partition("-")
+    if not sep:
+        return None
+    try:
+        if a == "":
+            n = int(b)
+            if n <= 0 or size == 0:
+                return "unsat"
+            return max(0, size - n), size - 1
+        start = int(a)
+        end = int(b) if b else size - 1
+    except ValueError:
+        return None
+    if start >= size:
+        return "unsat"
+    if end < start:
+        return None
+    return start, min(end, size - 1)
 
 
 class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
-	protocol_version = "HTTP/1.1"
-	def version_string(self):
-		return "fake_gcs"
+    protocol_version = "HTTP/1.1"
+    def version_string(self):
+        return "fake_gcs"
 
-	def log_message(self, fmt, *args):
-		if self.server.verbose:
-			super().log_message(fmt, *args)
+    def log_message(self, fmt, *args):
+        if self.server.verbose:
+            super().log_message(fmt, *args)
 
-	def do_GET(self):
-		self.dispatch()
+    def do_GET(self):
+        self.dispatch()
 
-	do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_GET
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_GET
 
-	# ---------- plumbing ----------
-	def base(self):
-		host = self.headers.get("Host") or "%s:%d" % \
-			self.server.server_address[:2]
-		return "http://" + host
+    # ---------- plumbing ----------
+    def base(self):
+        host = self.headers.get("Host") or "%s:%d" % \
+                self.server.server_address[:2]
+        return "http://" + host
 
-	def dispatch(self):
-		self.fault = None
-		self.method = ""
-		url = urllib.parse.urlsplit(self.path)
-		self.rawpath = url.path
-		q = urllib.parse.parse_qs(url.query, keep_blank_values=True)
-		self.args = {k: v[-1] for k, v in q.items()}
-		te = self.headers.get("Transfer-Encoding", "").lower()
-		try:
-			cl = int(self.headers.get("Content-Length") or 0)
-		except ValueError:
-			cl = 0
-		self.body = Body(self.rfile, cl, "chunked" in te)
-		try:
-			if not self.control():
-				self.api()
-		except GcsError as e:
-			self.send_error_json(e)
-		except (Dropped, ConnectionError, BrokenPipeError):
-			self.close_connection = True
-			return
-		finally:
-			self.server.stats.add(bytes_in=self.body.total)
-		if not self.body.done:
-			self.close_connection = True
+    def dispatch(self):
+        self.fault = None
+        self.method = ""
+        url = urllib.parse.urlsplit(self.path)
+        self.rawpath = url.path
+        q = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        self.args = {k: v[-1] for k, v in q.items()}
+        te = self.headers.get("Transfer-Encoding", "").lower()
+        try:
+            cl = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            cl = 0
+        self.body = Body(self.rfile, cl, "chunked" in te)
+        try:
+            if not self.control():
+                self.api()
+        except GcsError as e:
+            self.send_error_json(e)
+        except (Dropped, ConnectionError, BrokenPipeError):
+            self.close_connection = True
+            return
+        finally:
+            self.server.stats.add(bytes_in=self.body.total)
+        if not self.body.done:
+            self.close_connection = True
 
-	def api(self):
-		route = self.route()
-		if route is None:
-			self.body.drain()
-			raise GcsError(404, "notFound", "Not Found")
-		method, fn, params = route
-		self.method = method
-		st = self.server.stats
-		st.method(method)
-		tid = self.headers.get("x-retry-test-id")
-		if tid:
-			self.fault = self.server.retry.next_fault(tid, method)
-		elif self.server.random:
-			self.fault = self.server.random.next_fault(
-				self.has_upload_body(method),
-				method == "storage.objects.get" and
-				(self.args.get("alt") == "media" or
-				 self.rawpath.startswith("/download/")))
-		f = self.fault
-		if f is not None:
-			if f.kind == "reset":
-				self.fire(f)
-				self.reset()
-			if f.kind == "status" and (f.after is None or
-						   not self.has_upload_body(
-							   method)):
-				if f.after is not None:
-					self.fault = None  # not applicable
-				else:
-					self.fire(f)
-					self.body.drain()
-					raise self.injected(f.code)
-		fn(*params)
+    def api(self):
+        route = self.route()
+        if route is None:
+            self.body.drain()
+            raise GcsError(404, "notFound", "Not Found")
+        method, fn, params = route
+        self.method = method
+        st = self.server.stats
+        st.method(method)
+        tid = self.headers.get("x-retry-test-id")
+        if tid:
+            self.fault = self.server.retry.next_fault(tid, method)
+        elif self.server.random:
+            self.fault = self.server.random.next_fault(
+                    self.has_upload_body(method),
+                    method == "storage.objects.get" and
+                    (self.args.get("alt") == "media" or
+                     self.rawpath.startswith("/download/")))
+        f = self.fault
+        if f is not None:
+            if f.kind == "reset":
+                self.fire(f)
+                self.reset()
+            if f.kind == "status" and (f.after is None or
+                                       not self.has_upload_body(
+                                               method)):
+                if f.after is not None:
+                    self.fault = None  # not applicable
+                else:
+                    self.fire(f)
+                    self.body.drain()
+                    raise self.injected(f.code)
+        fn(*params)
 
-	def has_upload_body(self, method):
-		return method == "storage.objects.insert"
+    def has_upload_body(self, method):
+        return method == "storage.objects.insert"
 
-	def fire(self, f):
-		f.fire()
-		self.server.stats.fault(f.label)
+    def fire(self, f):
+        f.fire()
+        self.server.stats.fault(f.label)
 
-	def injected(self, code):
-		reasons = {408: "requestTimeout", 429: "rateLimitExceeded",
-			   500: "backendError", 502: "backendError",
-			   503: "backendError", 504: "backendError"}
-		return GcsError(code, reasons.get(code, "invalid"),
-				"Retry Test: Caused a %d" % code)
+    def injected(self, code):
+        reasons = {408: "requestTimeout", 429: "rateLimitExceeded",
+                   500: "backendError", 502: "backendError",
+                   503: "backendError", 504: "backendError"}
+        return GcsError(code, reasons.get(code, "invalid"),
+                        "Retry Test: Caused a %d" % code)
 
-	def reset(self):
-		s = self.connection
-		try:
-			s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-				     struct.pack("ii", 1, 0))
-			os.close(s.detach())
-		except OSError:
-			pass
-		raise Dropped()
+    def reset(self):
+        s = self.connection
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                         struct.pack("ii", 1, 0))
+            os.close(s.detach())
+        except OSError:
+            pass
+        raise Dropped()
 
-	def drop(self):
-		try:
-			self.connection.shutdown(socket.SHUT_RDWR)
-		except OSError:
-			pass
-		raise Dropped()
+    def drop(self):
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        raise Dropped()
 
-	def send_head(self, code, headers, length, reason=None):
-		self.send_response(code, reason)
-		for k, v in headers:
-			self.send_header(k, v)
-		self.send_header("Content-Length", str(length))
-		if self.close_connection:
-			self.send_header("Connection", "close")
-		self.end_headers()
+    def send_head(self, code, headers, length, reason=None):
+        self.send_response(code, reason)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(length))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
 
-	def out_fault(self, length):
-		"""The answer-side fault (broken/stall), if it applies."""
-		f = self.fault
-		if f is None or f.fired or f.kind not in ("broken", "stall"):
-			return None
-		if f.kind == "stall" and self.has_upload_body(self.method):
-			return None
-		if f.after >= length and not (f.kind == "stall" and
-					      f.after == 0):
-			return None
-		return f
+    def out_fault(self, length):
+        """The answer-side fault (broken/stall), if it applies."""
+        f = self.fault
+        if f is None or f.fired or f.kind not in ("broken", "stall"):
+            return None
+        if f.kind == "stall" and self.has_upload_body(self.method):
+            return None
+        if f.after >= length and not (f.kind == "stall" and
+                                      f.after == 0):
+            return None
+        return f
 
-	def send_bytes(self, code, headers, data, reason=None):
-		self.send_head(code, headers, len(data), reason)
-		if self.command == "HEAD":
-			return
-		f = self.out_fault(len(data)) if data else None
-		if f is not None:
-			self.wfile.write(data[:f.after])
-			self.fire(f)
-			if f.kind == "broken":
-				self.drop()
-			time.sleep(f.seconds)
-			data = data[f.after:]
-		self.wfile.write(data)
-		self.server.stats.add(bytes_out=len(data))
+    def send_bytes(self, code, headers, data, reason=None):
+        self.send_head(code, headers, len(data), reason)
+        if self.command == "HEAD":
+            return
+        f = self.out_fault(len(data)) if data else None
+        if f is not None:
+            self.wfile.write(data[:f.after])
+            self.fire(f)
+            if f.kind == "broken":
+                self.drop()
+            time.sleep(f.seconds)
+            data = data[f.after:]
+        self.wfile.write(data)
+        self.server.stats.add(bytes_out=len(data))
 
-	def send_json(self, code, obj, headers=()):
-		data = json.dumps(obj).encode()
-		h = [("Content-Type", "application/json; charset=UTF-8")]
-		self.send_bytes(code, h + list(headers), data)
+    def send_json(self, code, obj, headers=()):
+        data = json.dumps(obj).encode()
+        h = [("Content-Type", "application/json; charset=UTF-8")]
+        self.send_bytes(code, h + list(headers), data)
 
-	def send_empty(self, code, headers=(), reason=None):
-		self.send_head(code, list(headers), 0, reason)
+    def send_empty(self, code, headers=(), reason=None):
+        self.send_head(code, list(headers), 0, reason)
 
-	def send_error_json(self, e):
-		if not self.body.done:
-			try:
-				self.body.drain()
-			except (ConnectionError, ValueError):
-				self.close_connection = True
-				return
-		body = e.body()
-		hdrs = list(e.headers.items())
-		if body is None:
-			self.send_empty(e.code, hdrs)
-		else:
-			self.send_json(e.code, body, hdrs)
+    def send_error_json(self, e):
+        if not self.body.done:
+            try:
+                self.body.drain()
+            except (ConnectionError, ValueError):
+                self.close_connection = True
+                return
+        body = e.body()
+        hdrs = list(e.headers.items())
+        if body is None:
+            self.send_empty(e.code, hdrs)
+        else:
+            self.send_json(e.code, body, hdrs)
 
-	def read_json(self):
-		raw = self.body.read_all()
-		if not raw.strip():
-			return {}
-		try:
-			v = json.loads(raw)
-		except ValueError:
-			raise GcsError(400, "parseError", "Parse Error")
-		if not isinstance(v, dict):
-			raise GcsError(400, "parseError", "Parse Error")
-		return v
+    def read_json(self):
+        raw = self.body.read_all()
+        if not raw.strip():
+            return {}
+        try:
+            v = json.loads(raw)
+        except ValueError:
+            raise GcsError(400, "parseError", "Parse Error")
+        if not isinstance(v, dict):
+            raise GcsError(400, "parseError", "Parse Error")
+        return v
 
-	# ---------- control endpoints (never faulted) ----------
-	def control(self):
-		p, m = self.rawpath, self.command
-		srv = self.server
-		if p == "/" and m == "GET":
-			self.send_bytes(200, [("Content-Type", "text/plain")],
-					b"OK")
-			return True
-		if p == "/_fake/stats" and m == "GET":
-			st = srv.stats
-			with st.lock:
-				d = {"requests": st.requests,
-				     "bytes_in": st.bytes_in,
-				     "bytes_out": st.bytes_out,
-				     "faults": dict(st.faults),
-				     "faults_total": sum(st.faults.values()),
-				     "methods": dict(st.methods)}
-			d["objects"] = srv.store.object_count()
-			d["uploads_open"] = sum(
-				1 for u in list(srv.store.uploads.values())
-				if u.state == "open")
-			self.send_json(200, d)
-			return True
-		if p == "/retry_tests" and m == "GET":
-			self.send_json(200, {"retry_test": srv.retry.list()})
-			return True
-		if p == "/retry_test" and m == "POST":
-			try:
-				req = json.loads(self.body.read_all() or b"{}")
-				t = srv.retry.create(req.get("instructions"),
-						     req.get("transport",
-							     "HTTP"))
-			except (ValueError, AttributeError) as e:
-				self.send_bytes(400, [("Content-Type",
-						       "text/plain")],
-						str(e).encode())
-				return True
-			self.send_json(200, t)
-			return True
-		if p.startswith("/retry_test/"):
-			tid = p[len("/retry_test/"):]
-			if m == "GET":
-				t = srv.retry.get(tid)
-				if t is None:
-					raise GcsError(404, "notFound",
-						       "Retry Test %s not "
-						       "found" % tid)
-				self.send_json(200, t)
-				return True
-			if m == "DELETE":
-				if not srv.retry.delete(tid):
-					raise GcsError(404, "notFound",
-						       "Retry Test %s not "
-						       "found" % tid)
-				self.send_bytes(200, [("Content-Type",
-						       "text/plain")],
-						("Deleted %s" % tid).encode())
-				return True
-		return False
+    # ---------- control endpoints (never faulted) ----------
+    def control(self):
+        p, m = self.rawpath, self.command
+        srv = self.server
+        if p == "/" and m == "GET":
+            self.send_bytes(200, [("Content-Type", "text/plain")],
+                            b"OK")
+            return True
+        if p == "/_fake/stats" and m == "GET":
+            st = srv.stats
+            with st.lock:
+                d = {"requests": st.requests,
+                     "bytes_in": st.bytes_in,
+                     "bytes_out": st.bytes_out,
+                     "faults": dict(st.faults),
+                     "faults_total": sum(st.faults.values()),
+                     "methods": dict(st.methods)}
+            d["objects"] = srv.store.object_count()
+            d["uploads_open"] = sum(
+                    1 for u in list(srv.store.uploads.values())
+                    if u.state == "open")
+            self.send_json(200, d)
+            return True
+        if p == "/retry_tests" and m == "GET":
+            self.send_json(200, {"retry_test": srv.retry.list()})
+            return True
+        if p == "/retry_test" and m == "POST":
+            try:
+                req = json.loads(self.body.read_all() or b"{}")
+                t = srv.retry.create(req.get("instructions"),
+                                     req.get("transport",
+                                             "HTTP"))
+            except (ValueError, AttributeError) as e:
+                self.send_bytes(400, [("Content-Type",
+                                       "text/plain")],
+                                str(e).encode())
+                return True
+            self.send_json(200, t)
+            return True
+        if p.startswith("/retry_test/"):
+            tid = p[len("/retry_test/"):]
+            if m == "GET":
+                t = srv.retry.get(tid)
+                if t is None:
+                    raise GcsError(404, "notFound",
+                                   "Retry Test %s not "
+                                   "found" % tid)
+                self.send_json(200, t)
+                return True
+            if m == "DELETE":
+                if not srv.retry.delete(tid):
+                    raise GcsError(404, "notFound",
+                                   "Retry Test %s not "
+                                   "found" % tid)
+                self.send_bytes(200, [("Content-Type",
+                                       "text/plain")],
+                                ("Deleted %s" % tid).encode())
+                return True
+        return False
 
-	# ---------- routing ----------
-	def route(self):
-		p, m = self.rawpath, self.command
-		unq = urllib.parse.unquote
-		for prefix, kind in (("/storage/v1/", "json"),
-				     ("/upload/storage/v1/", "upload"),
-				     ("/download/storage/v1/", "download")):
-			if p.startswith(prefix):
-				parts = p[len(prefix):].split("/")
-				break
-		else:
-			return None
-		if parts[0] != "b":
-			return None
-		if kind == "upload":
-			if len(parts) != 3 or parts[2] != "o":
-				return None
-			b = unq(parts[1])
-			return {"POST": ("storage.objects.insert",
-					 self.h_insert, (b,)),
-				"PUT": ("storage.objects.insert", self.h_chunk,
-					(b,)),
-				"DELETE": ("storage.objects.delete",
-					   self.h_cancel, (b,))}.get(m)
-		if kind == "download":
-			if len(parts) < 4 or parts[2] != "o" or m != "GET":
-				return None
-			return ("storage.objects.get", self.h_get,
-				(unq(parts[1]), unq("/".join(parts[3:])), True))
-		if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
-			return {"GET": ("storage.buckets.list",
-					self.h_bucket_list, ()),
-				"POST": ("storage.buckets.insert",
-					 self.h_bucket_insert, ())}.get(m)
-		b = unq(parts[1])
-		if m == "POST" and self.headers.get(
-				"X-HTTP-Method-Override", "").upper() == "PATCH":
-			m = "PATCH"
-		if len(parts) == 2:
-			return {"GET": ("storage.buckets.get",
-					self.h_bucket_get, (b,)),
-				"PATCH": ("storage.buckets.patch",
-					  self.h_bucket_patch, (b,)),
-				"PUT": ("storage.buckets.update",
-					self.h_bucket_patch, (b,)),
-				"DELETE": ("storage.buckets.delete",
-					   self.h_bucket_delete, (b,))}.get(m)
-		if parts[2] != "o":
-			return None
-		if len(parts) == 3 or (len(parts) == 4 and parts[3] == ""):
-			if m == "GET":
-				return ("storage.objects.list", self.h_list,
-					(b,))
-			return None
-		op = parts[3:]
-		if m == "POST" and len(op) == 2 and op[1] == "compose":
-			return ("storage.objects.compose", self.h_compose,
-				(b, unq(op[0])))
-		if m == "POST" and len(op) == 6 and op[2] == "b" and \
-		   op[4] == "o" and op[1] in ("copyTo", "rewriteTo"):
-			meth = "storage.objects." + op[1][:-2]
-			return (meth, self.h_copy,
-				(b, unq(op[0]), unq(op[3]), unq(op[5]),
-				 op[1] == "rewriteTo"))
-		name = unq("/".join(op))
-		return {"GET": ("storage.objects.get", self.h_get,
-				(b, name, False)),
-			"PATCH": ("storage.objects.patch", self.h_patch,
-				  (b, name, False)),
-			"PUT": ("storage.objects.update", self.h_patch,
-				(b, name, True)),
-			"DELETE": ("storage.objects.delete", self.h_delete,
-				   (b, name))}.get(m)
+    # ---------- routing ----------
+    def route(self):
+        p, m = self.rawpath, self.command
+        unq = urllib.parse.unquote
+        for prefix, kind in (("/storage/v1/", "json"),
+                             ("/upload/storage/v1/", "upload"),
+                             ("/resumable/upload/storage/v1/", "upload"),
+                             ("/download/storage/v1/", "download")):
+            if p.startswith(prefix):
+                parts = p[len(prefix):].split("/")
+                break
+        else:
+            return None
+        if parts[0] != "b":
+            return None
+        if kind == "upload":
+            if len(parts) != 3 or parts[2] != "o":
+                return None
+            b = unq(parts[1])
+            return {"POST": ("storage.objects.insert",
+                             self.h_insert, (b,)),
+                    "PUT": ("storage.objects.insert", self.h_chunk,
+                            (b,)),
+                    "DELETE": ("storage.objects.delete",
+                               self.h_cancel, (b,))}.get(m)
+        if kind == "download":
+            if len(parts) < 4 or parts[2] != "o" or m != "GET":
+                return None
+            return ("storage.objects.get", self.h_get,
+                    (unq(parts[1]), unq("/".join(parts[3:])), True))
+        if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
+            return {"GET": ("storage.buckets.list",
+                            self.h_bucket_list, ()),
+                    "POST": ("storage.buckets.insert",
+                             self.h_bucket_insert, ())}.get(m)
+        b = unq(parts[1])
+        if m == "POST" and self.headers.get(
+                        "X-HTTP-Method-Override", "").upper() == "PATCH":
+            m = "PATCH"
+        if len(parts) == 2:
+            return {"GET": ("storage.buckets.get",
+                            self.h_bucket_get, (b,)),
+                    "PATCH": ("storage.buckets.patch",
+                              self.h_bucket_patch, (b,)),
+                    "PUT": ("storage.buckets.update",
+                            self.h_bucket_patch, (b,)),
+                    "DELETE": ("storage.buckets.delete",
+                               self.h_bucket_delete, (b,))}.get(m)
+        if parts[2] != "o":
+            return None
+        if len(parts) == 3 or (len(parts) == 4 and parts[3] == ""):
+            if m == "GET":
+                return ("storage.objects.list", self.h_list,
+                        (b,))
+            return None
+        op = parts[3:]
+        if m == "POST" and len(op) == 2 and op[1] == "compose":
+            return ("storage.objects.compose", self.h_compose,
+                    (b, unq(op[0])))
+        if m == "POST" and len(op) == 6 and op[2] == "b" and \
+           op[4] == "o" and op[1] in ("copyTo", "rewriteTo"):
+            meth = "storage.objects." + op[1][:-2]
+            return (meth, self.h_copy,
+                    (b, unq(op[0]), unq(op[3]), unq(op[5]),
+                     op[1] == "rewriteTo"))
+        name = unq("/".join(op))
+        return {"GET": ("storage.objects.get", self.h_get,
+                        (b, name, False)),
+                "PATCH": ("storage.objects.patch", self.h_patch,
+                          (b, name, False)),
+                "PUT": ("storage.objects.update", self.h_patch,
+                        (b, name, True)),
+                "DELETE": ("storage.objects.delete", self.h_delete,
+                           (b, name))}.get(m)
 
-	# ---------- buckets ----------
-	def h_bucket_list(self):
-		base = self.base()
-		with self.server.store.lock:
-			bs = sorted(self.server.store.buckets.values(),
-				    key=lambda b: b.name)
-		prefix = self.args.get("prefix", "")
-		items = [b.resource(base) for b in bs
-			 if b.name.startswith(prefix)]
-		self.send_json(200, {"kind": "storage#buckets",
-				     "items": items})
+    # ---------- buckets ----------
+    def h_bucket_list(self):
+        base = self.base()
+        with self.server.store.lock:
+            bs = sorted(self.server.store.buckets.values(),
+                        key=lambda b: b.name)
+        prefix = self.args.get("prefix", "")
+        items = [b.resource(base) for b in bs
+                 if b.name.startswith(prefix)]
+        self.send_json(200, {"kind": "storage#buckets",
+                             "items": items})
 
-	def h_bucket_insert(self):
-		req = self.read_json()
-		name = req.get("name") or self.args.get("name", "")
-		b = self.server.store.create_bucket(name, req)
-		self.send_json(200, b.resource(self.base()))
+    def h_bucket_insert(self):
+        req = self.read_json()
+        name = req.get("name") or self.args.get("name", "")
+        b = self.server.store.create_bucket(name, req)
+        self.send_json(200, b.resource(self.base()))
 
-	def h_bucket_get(self, name):
-		st = self.server.store
-		with st.lock:
-			b = st.bucket(name)
-		self.send_json(200, b.resource(self.base()))
+    def h_bucket_get(self, name):
+        st = self.server.store
+        with st.lock:
+            b = st.bucket(name)
+        self.send_json(200, b.resource(self.base()))
 
-	def h_bucket_patch(self, name):
-		req = self.read_json()
-		st = self.server.store
-		with st.lock:
-			b = st.bucket(name)
-			if isinstance(req.get("labels"), dict):
-				for k, v in req["labels"].items():
-					if v is None:
-						b.labels.pop(k, None)
-					else:
-						b.labels[k] = str(v)
-			b.metageneration += 1
-			b.updated = time.time()
-		self.send_json(200, b.resource(self.base()))
+    def h_bucket_patch(self, name):
+        req = self.read_json()
+        st = self.server.store
+        with st.lock:
+            b = st.bucket(name)
+            if isinstance(req.get("labels"), dict):
+                for k, v in req["labels"].items():
+                    if v is None:
+                        b.labels.pop(k, None)
+                    else:
+                        b.labels[k] = str(v)
+            b.metageneration += 1
+            b.updated = time.time()
+        self.send_json(200, b.resource(self.base()))
 
-	def h_bucket_delete(self, name):
-		self.server.store.delete_bucket(name)
-		self.send_empty(204)
+    def h_bucket_delete(self, name):
+        self.server.store.delete_bucket(name)
+        self.send_empty(204)
 
-	# ---------- object reads ----------
-	def h_list(self, bucket):
-		items, prefixes, nxt = self.server.store.list(bucket,
-							       self.args)
-		base = self.base()
-		r = {"kind": "storage#objects"}
-		if nxt:
-			r["nextPageToken"] = nxt
-		if prefixes:
-			r["prefixes"] = prefixes
-		if items:
-			r["items"] = [o.resource(base) for o in items]
-		self.send_json(200, r)
+    # ---------- object reads ----------
+    def h_list(self, bucket):
+        items, prefixes, nxt = self.server.store.list(bucket,
+                                                       self.args)
+        base = self.base()
+        r = {"kind": "storage#objects"}
+        if nxt:
+            r["nextPageToken"] = nxt
+        if prefixes:
+            r["prefixes"] = prefixes
+        if items:
+            r["items"] = [o.resource(base) for o in items]
+        self.send_json(200, r)
 
-	def h_get(self, bucket, name, media):
-		obj = self.server.store.get(bucket, name, self.args, read=True)
-		if not media and self.args.get("alt") != "media":
-			self.send_json(200, obj.resource(self.base()))
-			return
-		try:
-			f = open(obj.path, "rb")
-		except FileNotFoundError:  # replaced in between
-			raise GcsError(404, "notFound", "No such object: "
-				       "%s/%s" % (bucket, name))
-		with f:
-			self.send_media(obj, f)
+    def h_get(self, bucket, name, media):
+        obj = self.server.store.get(bucket, name, self.args, read=True)
+        if not media and self.args.get("alt") != "media":
+            self.send_json(200, obj.resource(self.base()))
+            return
+        try:
+            f = open(obj.path, "rb")
+        except FileNotFoundError:  # replaced in between
+            raise GcsError(404, "notFound", "No such object: "
+                           "%s/%s" % (bucket, name))
+        with f:
+            self.send_media(obj, f)
 
-	def send_media(self, obj, f):
-		size = obj.size
-		h = [("Content-Type", obj.fields.get("contentType",
-						     "application/octet-stream")),
-		     ("Cache-Control", "no-cache, no-store, max-age=0, "
-		      "must-revalidate"),
-		     ("Accept-Ranges", "bytes"),
-		     ("ETag", '"%s"' % obj.resource("")["etag"]),
-		     ("Last-Modified", self.date_time_string(obj.updated)),
-		     ("x-goog-generation", str(obj.generation)),
-		     ("x-goog-metageneration", str(obj.metageneration)),
-		     ("x-goog-stored-content-encoding",
-		      obj.fields.get("contentEncoding", "identity")),
-		     ("x-goog-stored-content-length", str(size)),
-		     ("x-goog-storage-class", "STANDARD")]
-		hashes = ["crc32c=" + b64_crc(obj.crc)]
-		if obj.md5 is not None:
-			hashes.append("md5=" + obj.md5)
-		if self.server.split_hash:
-			h += [("x-goog-hash", x) for x in hashes]
-		else:
-			h.append(("x-goog-hash", ",".join(hashes)))
-		rng = parse_range(self.headers.get("Range"), size)
-		if rng == "unsat":
-			raise GcsError(416, "requestedRangeNotSatisfiable",
-				       "The requested range cannot be "
-				       "satisfied.",
-				       headers={"Content-Range":
-						"bytes */%d" % size})
-		code, start, count = 200, 0, size
-		if rng is not None:
-			code, start, count = 206, rng[0], rng[1] - rng[0] + 1
-			h.append(("Content-Range", "bytes %d-%d/%d" % (
-				rng[0], rng[1], size)))
-		self.send_head(code, h, count)
-		if self.command == "HEAD":
-			return
-		fault = self.out_fault(count)
-		if fault is not None:
-			first = fault.after
-			self.sendfile(f, start, first)
-			self.fire(fault)
-			if fault.kind == "broken":
-				self.drop()
-			time.sleep(fault.seconds)
-			start, count = start + first, count - first
-		self.sendfile(f, start, count)
+    def send_media(self, obj, f):
+        size = obj.size
+        h = [("Content-Type", obj.fields.get("contentType",
+                                             "application/octet-stream")),
+             ("Cache-Control", "no-cache, no-store, max-age=0, "
+              "must-revalidate"),
+             ("Accept-Ranges", "bytes"),
+             ("ETag", '"%s"' % obj.resource("")["etag"]),
+             ("Last-Modified", self.date_time_string(obj.updated)),
+             ("x-goog-generation", str(obj.generation)),
+             ("x-goog-metageneration", str(obj.metageneration)),
+             ("x-goog-stored-content-encoding",
+              obj.fields.get("contentEncoding", "identity")),
+             ("x-goog-stored-content-length", str(size)),
+             ("x-goog-storage-class", "STANDARD")]
+        hashes = ["crc32c=" + b64_crc(obj.crc)]
+        if obj.md5 is not None:
+            hashes.append("md5=" + obj.md5)
+        if self.server.split_hash:
+            h += [("x-goog-hash", x) for x in hashes]
+        else:
+            h.append(("x-goog-hash", ",".join(hashes)))
+        rng = parse_range(self.headers.get("Range"), size)
+        if rng == "unsat":
+            raise GcsError(416, "requestedRangeNotSatisfiable",
+                           "The requested range cannot be "
+                           "satisfied.",
+                           headers={"Content-Range":
+                                    "bytes */%d" % size})
+        code, start, count = 200, 0, size
+        if rng is not None:
+            code, start, count = 206, rng[0], rng[1] - rng[0] + 1
+            h.append(("Content-Range", "bytes %d-%d/%d" % (
+                    rng[0], rng[1], size)))
+        self.send_head(code, h, count)
+        if self.command == "HEAD":
+            return
+        fault = self.out_fault(count)
+        if fault is not None:
+            first = fault.after
+            self.sendfile(f, start, first)
+            self.fire(fault)
+            if fault.kind == "broken":
+                self.drop()
+            time.sleep(fault.seconds)
+            start, count = start + first, count - first
+        self.sendfile(f, start, count)
 
-	def sendfile(self, f, offset, count):
-		if count > 0:
-			self.connection.sendfile(f, offset, count)
-			self.server.stats.add(bytes_out=count)
+    def sendfile(self, f, offset, count):
+        if count > 0:
+            self.connection.sendfile(f, offset, count)
+            self.server.stats.add(bytes_out=count)
 
-	# ---------- object writes ----------
-	def h_delete(self, bucket, name):
-		self.server.store.delete(bucket, name, self.args)
-		self.send_empty(204)
+    # ---------- object writes ----------
+    def h_delete(self, bucket, name):
+        self.server.store.delete(bucket, name, self.args)
+        self.send_empty(204)
 
-	def h_patch(self, bucket, name, replace):
-		req = self.read_json()
-		obj = self.server.store.patch(bucket, name, self.args, req,
-					      replace)
-		self.send_json(200, obj.resource(self.base()))
+    def h_patch(self, bucket, name, replace):
+        req = self.read_json()
+        obj = self.server.store.patch(bucket, name, self.args, req,
+                                      replace)
+        self.send_json(200, obj.resource(self.base()))
 
-	def h_compose(self, bucket, name):
-		req = self.read_json()
-		obj = self.server.store.compose(bucket, name, req, self.args,
-						copy_range)
-		self.send_json(200, obj.resource(self.base()))
+    def h_compose(self, bucket, name):
+        req = self.read_json()
+        obj = self.server.store.compose(bucket, name, req, self.args,
+                                        copy_range)
+        self.send_json(200, obj.resource(self.base()))
 
-	def h_copy(self, sb, sn, db, dn, rewrite):
-		meta = self.read_json()
-		st = self.server.store
-		with st.lock:
-			st.bucket(db)
-		obj = st.copy(sb, sn, db, dn, self.args, meta)
-		res = obj.resource(self.base())
-		if rewrite:
-			res = {"kind": "storage#rewriteResponse",
-			       "totalBytesRewritten": str(obj.size),
-			       "objectSize": str(obj.size), "done": True,
-			       "resource": res}
-		self.send_json(200, res)
+    def h_copy(self, sb, sn, db, dn, rewrite):
+        meta = self.read_json()
+        st = self.server.store
+        with st.lock:
+            st.bucket(db)
+        obj = st.copy(sb, sn, db, dn, self.args, meta)
+        res = obj.resource(self.base())
+        if rewrite:
+            res = {"kind": "storage#rewriteResponse",
+                   "totalBytesRewritten": str(obj.size),
+                   "objectSize": str(obj.size), "done": True,
+                   "resource": res}
+        self.send_json(200, res)
 
 
 class Server(http.server.ThreadingHTTPServer):
-	daemon_threads = True
-	request_queue_size = 256
-	allow_reuse_address = True
+    daemon_threads = True
+    block_on_close = False  # idle keep-alive connections must not block stop
+    request_queue_size = 256
+    allow_reuse_address = True
 
-	def get_request(self):
-		conn, addr = super().get_request()
-		for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-			try:
-				conn.setsockopt(socket.SOL_SOCKET, opt,
-						SOCK_BUF)
-			except OSError:
-				pass
-		conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-		return conn, addr
+    def get_request(self):
+        conn, addr = super().get_request()
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                conn.setsockopt(socket.SOL_SOCKET, opt,
+                                SOCK_BUF)
+            except OSError:
+                pass
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn, addr
 
-	def handle_error(self, request, client_address):
-		if self.verbose:
-			super().handle_error(request, client_address)
+    def handle_error(self, request, client_address):
+        if self.verbose:
+            super().handle_error(request, client_address)
 
 
 def main():
-	ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-	ap.add_argument("--host", default="127.0.0.1")
-	ap.add_argument("--port", type=int, default=0)
-	ap.add_argument("--port-file")
-	ap.add_argument("--data-dir")
-	ap.add_argument("--bucket", action="append", default=[])
-	ap.add_argument("--fault-rate", type=float, default=0.0)
-	ap.add_argument("--fault-seed", type=int, default=1)
-	ap.add_argument("--rate-limit", action="store_true")
-	ap.add_argument("--hash-headers", choices=("joined", "split"),
-			default="joined")
-	ap.add_argument("--verbose", action="store_true")
-	a = ap.parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--bucket", action="append", default=[])
+    ap.add_argument("--fault-rate", type=float, default=0.0)
+    ap.add_argument("--fault-seed", type=int, default=1)
+    ap.add_argument("--rate-limit", action="store_true")
+    ap.add_argument("--hash-headers", choices=("joined", "split"),
+                    default="joined")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
 
-	tmpdir = None
-	data = a.data_dir
-	if not data:
-		tmpdir = data = tempfile.mkdtemp(prefix="fake-gcs-",
-						 dir=os.environ.get("TMPDIR",
-								    "/var/tmp"))
-	srv = Server((a.host, a.port), Handler)
-	srv.verbose = a.verbose
-	srv.store = Store(data, a.rate_limit)
-	srv.retry = RetryTests()
-	srv.random = RandomFaults(a.fault_rate, a.fault_seed) \
-		if a.fault_rate > 0 else None
-	srv.stats = Stats()
-	srv.split_hash = a.hash_headers == "split"
-	for b in a.bucket:
-		srv.store.create_bucket(b)
-	port = srv.server_address[1]
-	if a.port_file:
-		tmp = a.port_file + ".tmp"
-		with open(tmp, "w") as f:
-			f.write("%d\n" % port)
-		os.rename(tmp, a.port_file)
-	print("fake_gcs listening on http://%s:%d" % (a.host, port),
-	      flush=True)
+    tmpdir = None
+    data = a.data_dir
+    if not data:
+        tmpdir = data = tempfile.mkdtemp(prefix="fake-gcs-",
+                                         dir=os.environ.get("TMPDIR",
+                                                            "/var/tmp"))
+    srv = Server((a.host, a.port), Handler)
+    srv.verbose = a.verbose
+    srv.store = Store(data, a.rate_limit)
+    srv.retry = RetryTests()
+    srv.random = RandomFaults(a.fault_rate, a.fault_seed) \
+            if a.fault_rate > 0 else None
+    srv.stats = Stats()
+    srv.split_hash = a.hash_headers == "split"
+    for b in a.bucket:
+        srv.store.create_bucket(b)
+    port = srv.server_address[1]
+    if a.port_file:
+        tmp = a.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("%d\n" % port)
+        os.rename(tmp, a.port_file)
+    print("fake_gcs listening on http://%s:%d" % (a.host, port),
+          flush=True)
 
-	def stop(*_):
-		threading.Thread(target=srv.shutdown, daemon=True).start()
-	signal.signal(signal.SIGTERM, stop)
-	signal.signal(signal.SIGINT, stop)
-	try:
-		srv.serve_forever(poll_interval=0.2)
-	finally:
-		srv.server_close()
-		if tmpdir:
-			shutil.rmtree(tmpdir, ignore_errors=True)
-	return 0
+    def stop(*_):
+        threading.Thread(target=srv.shutdown, daemon=True).start()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    finally:
+        srv.server_close()
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-	sys.exit(main())
+    sys.exit(main())

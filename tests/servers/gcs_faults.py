@@ -40,157 +40,157 @@ _RE_STALL = re.compile(r"stall-for-([0-9]+)s-after-([0-9]+)K$")
 
 
 class Fault:
-	"""What to do to one request.
+    """What to do to one request.
 
-	kind: 'status' (answer `code` once `after` body bytes were taken, or at
-	once when after is None), 'reset', 'broken' (send `after` bytes of the
-	answer then drop; the default 4 as in the testbench), 'stall' (sleep
-	`seconds` once `after` bytes went through, then continue).
-	`consume` is called when the fault really fires.
-	"""
+    kind: 'status' (answer `code` once `after` body bytes were taken, or at
+    once when after is None), 'reset', 'broken' (send `after` bytes of the
+    answer then drop; the default 4 as in the testbench), 'stall' (sleep
+    `seconds` once `after` bytes went through, then continue).
+    `consume` is called when the fault really fires.
+    """
 
-	def __init__(self, kind, code=0, after=None, seconds=0.0, consume=None,
-		     label=""):
-		self.kind = kind
-		self.code = code
-		self.after = after
-		self.seconds = seconds
-		self.label = label
-		self._consume = consume
-		self.fired = False
+    def __init__(self, kind, code=0, after=None, seconds=0.0, consume=None,
+                 label=""):
+        self.kind = kind
+        self.code = code
+        self.after = after
+        self.seconds = seconds
+        self.label = label
+        self._consume = consume
+        self.fired = False
 
-	def fire(self):
-		if not self.fired:
-			self.fired = True
-			if self._consume:
-				self._consume()
+    def fire(self):
+        if not self.fired:
+            self.fired = True
+            if self._consume:
+                self._consume()
 
 
 def parse_instruction(text):
-	"""Fault for one instruction string, or None when it is unknown."""
-	m = _RE_CODE.match(text)
-	if m:
-		return Fault("status", code=int(m.group(1)), label=text)
-	m = _RE_CODE_AFTER.match(text)
-	if m:
-		return Fault("status", code=int(m.group(1)),
-			     after=int(m.group(2)) * 1024, label=text)
-	if _RE_RESET.match(text):
-		return Fault("reset", label=text)
-	if _RE_BROKEN.match(text):
-		return Fault("broken", after=4, label=text)
-	m = _RE_BROKEN_AFTER.match(text)
-	if m:
-		return Fault("broken", after=int(m.group(1)) * 1024, label=text)
-	m = _RE_STALL.match(text)
-	if m:
-		return Fault("stall", seconds=float(m.group(1)),
-			     after=int(m.group(2)) * 1024, label=text)
-	return None
+    """Fault for one instruction string, or None when it is unknown."""
+    m = _RE_CODE.match(text)
+    if m:
+        return Fault("status", code=int(m.group(1)), label=text)
+    m = _RE_CODE_AFTER.match(text)
+    if m:
+        return Fault("status", code=int(m.group(1)),
+                     after=int(m.group(2)) * 1024, label=text)
+    if _RE_RESET.match(text):
+        return Fault("reset", label=text)
+    if _RE_BROKEN.match(text):
+        return Fault("broken", after=4, label=text)
+    m = _RE_BROKEN_AFTER.match(text)
+    if m:
+        return Fault("broken", after=int(m.group(1)) * 1024, label=text)
+    m = _RE_STALL.match(text)
+    if m:
+        return Fault("stall", seconds=float(m.group(1)),
+                     after=int(m.group(2)) * 1024, label=text)
+    return None
 
 
 class RetryTests:
-	"""The retry_test resources, shared by all handler threads."""
+    """The retry_test resources, shared by all handler threads."""
 
-	def __init__(self):
-		self.lock = threading.Lock()
-		self.tests = {}
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.tests = {}
 
-	def create(self, instructions, transport="HTTP"):
-		if not isinstance(instructions, dict) or not instructions:
-			raise ValueError("instructions is not defined")
-		for method, items in instructions.items():
-			if not isinstance(items, list):
-				raise ValueError("instructions for %s must be a "
-						 "list" % method)
-			for it in items:
-				if not isinstance(it, str) or \
-				   parse_instruction(it) is None:
-					raise ValueError("unknown instruction %r"
-							 % (it,))
-		tid = uuid.uuid4().hex
-		with self.lock:
-			self.tests[tid] = {
-				"id": tid,
-				"instructions": {k: list(v) for k, v in
-						 instructions.items()},
-				"transport": transport,
-			}
-			return self._view(tid)
+    def create(self, instructions, transport="HTTP"):
+        if not isinstance(instructions, dict) or not instructions:
+            raise ValueError("instructions is not defined")
+        for method, items in instructions.items():
+            if not isinstance(items, list):
+                raise ValueError("instructions for %s must be a "
+                                 "list" % method)
+            for it in items:
+                if not isinstance(it, str) or \
+                   parse_instruction(it) is None:
+                    raise ValueError("unknown instruction %r"
+                                     % (it,))
+        tid = uuid.uuid4().hex
+        with self.lock:
+            self.tests[tid] = {
+                    "id": tid,
+                    "instructions": {k: list(v) for k, v in
+                                     instructions.items()},
+                    "transport": transport,
+            }
+            return self._view(tid)
 
-	def _view(self, tid):
-		t = self.tests[tid]
-		left = {k: list(v) for k, v in t["instructions"].items()}
-		return {"id": tid, "instructions": left,
-			"transport": t["transport"],
-			"completed": not any(left.values())}
+    def _view(self, tid):
+        t = self.tests[tid]
+        left = {k: list(v) for k, v in t["instructions"].items()}
+        return {"id": tid, "instructions": left,
+                "transport": t["transport"],
+                "completed": not any(left.values())}
 
-	def get(self, tid):
-		with self.lock:
-			return self._view(tid) if tid in self.tests else None
+    def get(self, tid):
+        with self.lock:
+            return self._view(tid) if tid in self.tests else None
 
-	def list(self):
-		with self.lock:
-			return [self._view(t) for t in self.tests]
+    def list(self):
+        with self.lock:
+            return [self._view(t) for t in self.tests]
 
-	def delete(self, tid):
-		with self.lock:
-			return self.tests.pop(tid, None) is not None
+    def delete(self, tid):
+        with self.lock:
+            return self.tests.pop(tid, None) is not None
 
-	def next_fault(self, tid, method):
-		"""The fault for this request, or None."""
-		with self.lock:
-			t = self.tests.get(tid)
-			if t is None:
-				return None
-			queue = t["instructions"].get(method)
-			if not queue:
-				return None
-			text = queue[0]
-		fault = parse_instruction(text)
+    def next_fault(self, tid, method):
+        """The fault for this request, or None."""
+        with self.lock:
+            t = self.tests.get(tid)
+            if t is None:
+                return None
+            queue = t["instructions"].get(method)
+            if not queue:
+                return None
+            text = queue[0]
+        fault = parse_instruction(text)
 
-		def consume():
-			with self.lock:
-				q = self.tests.get(tid, {}).get(
-					"instructions", {}).get(method)
-				if q and q[0] == text:
-					q.pop(0)
-		fault._consume = consume
-		return fault
+        def consume():
+            with self.lock:
+                q = self.tests.get(tid, {}).get(
+                        "instructions", {}).get(method)
+                if q and q[0] == text:
+                    q.pop(0)
+        fault._consume = consume
+        return fault
 
 
 class RandomFaults:
-	"""--fault-rate mode: a seeded random fault for some requests."""
+    """--fault-rate mode: a seeded random fault for some requests."""
 
-	KINDS = ("503", "429", "reset", "broken", "stall")
+    KINDS = ("503", "429", "reset", "broken", "stall")
 
-	def __init__(self, rate, seed):
-		self.rate = rate
-		self.rng = random.Random(seed)
-		self.lock = threading.Lock()
+    def __init__(self, rate, seed):
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
 
-	def next_fault(self, has_body, is_download):
-		if self.rate <= 0:
-			return None
-		with self.lock:
-			if self.rng.random() >= self.rate:
-				return None
-			kind = self.rng.choice(self.KINDS)
-			frac = self.rng.random()
-			secs = 1.0 + 2.0 * self.rng.random()
-		if kind in ("503", "429"):
-			# half of the upload faults happen mid-body
-			after = None
-			if has_body and frac < 0.5:
-				after = int(frac * 2 * (8 << 20))
-			return Fault("status", code=int(kind), after=after,
-				     label="random-" + kind)
-		if kind == "reset":
-			return Fault("reset", label="random-reset")
-		if kind == "broken":
-			if not is_download:
-				return Fault("reset", label="random-reset")
-			return Fault("broken", after=int(frac * (4 << 20)),
-				     label="random-broken")
-		return Fault("stall", seconds=secs, after=int(frac * (1 << 20)),
-			     label="random-stall")
+    def next_fault(self, has_body, is_download):
+        if self.rate <= 0:
+            return None
+        with self.lock:
+            if self.rng.random() >= self.rate:
+                return None
+            kind = self.rng.choice(self.KINDS)
+            frac = self.rng.random()
+            secs = 1.0 + 2.0 * self.rng.random()
+        if kind in ("503", "429"):
+            # half of the upload faults happen mid-body
+            after = None
+            if has_body and frac < 0.5:
+                after = int(frac * 2 * (8 << 20))
+            return Fault("status", code=int(kind), after=after,
+                         label="random-" + kind)
+        if kind == "reset":
+            return Fault("reset", label="random-reset")
+        if kind == "broken":
+            if not is_download:
+                return Fault("reset", label="random-reset")
+            return Fault("broken", after=int(frac * (4 << 20)),
+                         label="random-broken")
+        return Fault("stall", seconds=secs, after=int(frac * (1 << 20)),
+                     label="random-stall")

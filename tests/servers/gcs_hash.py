@@ -23,167 +23,167 @@ _POLY = 0x82F63B78  # reflected Castagnoli polynomial
 
 _isal = None
 for _name in ("libisal.so.2", ctypes.util.find_library("isal")):
-	if not _name:
-		continue
-	try:
-		_lib = ctypes.CDLL(_name)
-		_isal = _lib.crc32_iscsi
-		_isal.restype = ctypes.c_uint32
-		_isal.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
-		break
-	except (OSError, AttributeError):
-		_isal = None
+    if not _name:
+        continue
+    try:
+        _lib = ctypes.CDLL(_name)
+        _isal = _lib.crc32_iscsi
+        _isal.restype = ctypes.c_uint32
+        _isal.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+        break
+    except (OSError, AttributeError):
+        _isal = None
 
 _TABLE = []
 for _i in range(256):
-	_c = _i
-	for _ in range(8):
-		_c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
-	_TABLE.append(_c)
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
+    _TABLE.append(_c)
 
 _warned = False
 
 
 def _raw_update(raw, buf):
-	"""Advance the un-inverted CRC state `raw` over the bytes-like `buf`."""
-	global _warned
-	n = len(buf)
-	if n == 0:
-		return raw
-	if _isal is not None:
-		mv = memoryview(buf).cast("B")
-		pos = 0
-		while pos < n:
-			step = min(n - pos, 1 << 30)
-			piece = mv[pos:pos + step]
-			if piece.readonly:
-				cbuf = ctypes.c_char_p(bytes(piece))
-				raw = _isal(cbuf, step, raw)
-			else:
-				arr = (ctypes.c_char * step).from_buffer(piece)
-				raw = _isal(ctypes.addressof(arr), step, raw)
-				del arr
-			pos += step
-		return raw
-	if not _warned:
-		_warned = True
-		print("fake_gcs: libisal.so.2 not found, CRC32C in pure Python "
-		      "(slow)", file=sys.stderr)
-	t = _TABLE
-	for b in bytes(buf):
-		raw = t[(raw ^ b) & 0xFF] ^ (raw >> 8)
-	return raw
+    """Advance the un-inverted CRC state `raw` over the bytes-like `buf`."""
+    global _warned
+    n = len(buf)
+    if n == 0:
+        return raw
+    if _isal is not None:
+        mv = memoryview(buf).cast("B")
+        pos = 0
+        while pos < n:
+            step = min(n - pos, 1 << 30)
+            piece = mv[pos:pos + step]
+            if piece.readonly:
+                cbuf = ctypes.c_char_p(bytes(piece))
+                raw = _isal(cbuf, step, raw)
+            else:
+                arr = (ctypes.c_char * step).from_buffer(piece)
+                raw = _isal(ctypes.addressof(arr), step, raw)
+                del arr
+            pos += step
+        return raw
+    if not _warned:
+        _warned = True
+        print("fake_gcs: libisal.so.2 not found, CRC32C in pure Python "
+              "(slow)", file=sys.stderr)
+    t = _TABLE
+    for b in bytes(buf):
+        raw = t[(raw ^ b) & 0xFF] ^ (raw >> 8)
+    return raw
 
 
 def crc32c(data, value=0):
-	"""CRC32C of `data`, continuing from the finished CRC `value`."""
-	return _raw_update(value ^ 0xFFFFFFFF, data) ^ 0xFFFFFFFF
+    """CRC32C of `data`, continuing from the finished CRC `value`."""
+    return _raw_update(value ^ 0xFFFFFFFF, data) ^ 0xFFFFFFFF
 
 
 def _gf2_times(mat, vec):
-	s = 0
-	i = 0
-	while vec:
-		if vec & 1:
-			s ^= mat[i]
-		vec >>= 1
-		i += 1
-	return s
+    s = 0
+    i = 0
+    while vec:
+        if vec & 1:
+            s ^= mat[i]
+        vec >>= 1
+        i += 1
+    return s
 
 
 def _gf2_square(mat):
-	return [_gf2_times(mat, mat[n]) for n in range(32)]
+    return [_gf2_times(mat, mat[n]) for n in range(32)]
 
 
 def crc32c_combine(crc1, crc2, len2):
-	"""CRC32C of A+B from crc(A), crc(B) and len(B) (zlib's method)."""
-	if len2 <= 0:
-		return crc1
-	odd = [_POLY] + [1 << n for n in range(31)]
-	even = _gf2_square(odd)
-	odd = _gf2_square(even)
-	while True:
-		even = _gf2_square(odd)
-		if len2 & 1:
-			crc1 = _gf2_times(even, crc1)
-		len2 >>= 1
-		if not len2:
-			break
-		odd = _gf2_square(even)
-		if len2 & 1:
-			crc1 = _gf2_times(odd, crc1)
-		len2 >>= 1
-		if not len2:
-			break
-	return crc1 ^ crc2
+    """CRC32C of A+B from crc(A), crc(B) and len(B) (zlib's method)."""
+    if len2 <= 0:
+        return crc1
+    odd = [_POLY] + [1 << n for n in range(31)]
+    even = _gf2_square(odd)
+    odd = _gf2_square(even)
+    while True:
+        even = _gf2_square(odd)
+        if len2 & 1:
+            crc1 = _gf2_times(even, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+        odd = _gf2_square(even)
+        if len2 & 1:
+            crc1 = _gf2_times(odd, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+    return crc1 ^ crc2
 
 
 def b64_crc(value):
-	return base64.b64encode(struct.pack(">I", value)).decode()
+    return base64.b64encode(struct.pack(">I", value)).decode()
 
 
 def b64_md5(digest):
-	return base64.b64encode(digest).decode()
+    return base64.b64encode(digest).decode()
 
 
 class Hasher:
-	"""Running CRC32C + MD5 over the bytes of one object, in order."""
+    """Running CRC32C + MD5 over the bytes of one object, in order."""
 
-	def __init__(self):
-		self.raw = 0xFFFFFFFF
-		self.md5 = hashlib.md5()
-		self.size = 0
+    def __init__(self):
+        self.raw = 0xFFFFFFFF
+        self.md5 = hashlib.md5()
+        self.size = 0
 
-	def update(self, buf):
-		self.raw = _raw_update(self.raw, buf)
-		self.md5.update(buf)
-		self.size += len(buf)
+    def update(self, buf):
+        self.raw = _raw_update(self.raw, buf)
+        self.md5.update(buf)
+        self.size += len(buf)
 
-	def update_marked(self, buf, quantum):
-		"""update(), remembering the state at each multiple of quantum.
+    def update_marked(self, buf, quantum):
+        """update(), remembering the state at each multiple of quantum.
 
-		A resumable session keeps only whole quanta when a piece is cut
-		short; rewind() then goes back without re-reading the data.
-		"""
-		mv = memoryview(buf)
-		pos = 0
-		while pos < len(mv):
-			step = min(quantum - self.size % quantum, len(mv) - pos)
-			self.update(mv[pos:pos + step])
-			pos += step
-			if self.size % quantum == 0:
-				self.mark = (self.size, self.raw, self.md5.copy())
+        A resumable session keeps only whole quanta when a piece is cut
+        short; rewind() then goes back without re-reading the data.
+        """
+        mv = memoryview(buf)
+        pos = 0
+        while pos < len(mv):
+            step = min(quantum - self.size % quantum, len(mv) - pos)
+            self.update(mv[pos:pos + step])
+            pos += step
+            if self.size % quantum == 0:
+                self.mark = (self.size, self.raw, self.md5.copy())
 
-	def rewind(self, size):
-		"""Go back to `size` bytes; True if a mark allowed it."""
-		if size == self.size:
-			return True
-		mark = getattr(self, "mark", None)
-		if size == 0:
-			self.__init__()
-			return True
-		if mark is None or mark[0] != size:
-			return False
-		self.size, self.raw, md5 = mark
-		self.md5 = md5.copy()
-		return True
+    def rewind(self, size):
+        """Go back to `size` bytes; True if a mark allowed it."""
+        if size == self.size:
+            return True
+        mark = getattr(self, "mark", None)
+        if size == 0:
+            self.__init__()
+            return True
+        if mark is None or mark[0] != size:
+            return False
+        self.size, self.raw, md5 = mark
+        self.md5 = md5.copy()
+        return True
 
-	def crc(self):
-		return self.raw ^ 0xFFFFFFFF
+    def crc(self):
+        return self.raw ^ 0xFFFFFFFF
 
-	def crc_b64(self):
-		return b64_crc(self.crc())
+    def crc_b64(self):
+        return b64_crc(self.crc())
 
-	def md5_b64(self):
-		return b64_md5(self.md5.digest())
+    def md5_b64(self):
+        return b64_md5(self.md5.digest())
 
 
 def parse_goog_hash(values):
-	"""{'crc32c': b64, 'md5': b64} from one or more x-goog-hash values."""
-	out = {}
-	for v in values:
-		for part in v.split(","):
-			k, sep, val = part.strip().partition("=")
-			if sep:
-				out[k.strip().lower()] = val.strip()
-	return out
+    """{'crc32c': b64, 'md5': b64} from one or more x-goog-hash values."""
+    out = {}
+    for v in values:
+        for part in v.split(","):
+            k, sep, val = part.strip().partition("=")
+            if sep:
+                out[k.strip().lower()] = val.strip()
+    return out
