@@ -778,7 +778,10 @@ def main():
     srv.stats = Stats()
     srv.split_hash = a.hash_headers == "split"
     for b in a.bucket:
-        srv.store.create_bucket(b)
+        try:
+            srv.store.create_bucket(b)
+        except GcsError as e:
+            ap.error("--bucket %s: %s" % (b, e.message))
     port = srv.server_address[1]
     if a.port_file:
         tmp = a.port_file + ".tmp"

@@ -21,7 +21,7 @@ import time
 import urllib.parse
 import uuid
 
-from gcs_hash import b64_crc, b64_md5, crc32c_combine
+from gcs_hash import b64_crc, crc32c_combine
 
 QUANTUM = 256 * 1024
 MAX_COMPOSE_SOURCES = 32
@@ -560,7 +560,7 @@ class Store:
 
 
 def md5_of(hasher):
-    return b64_md5(hasher.md5.digest())
+    return hasher.md5_b64()
 
 
 def _unlink(path):

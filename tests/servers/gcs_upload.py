@@ -78,6 +78,13 @@ class UploadMixin:
     """Upload handlers; needs the Handler's body, fault, send_* helpers."""
 
     def receive(self, out, hasher, start, keep_lo, keep_hi):
+        """_receive(), then wait for the hasher's helper thread."""
+        try:
+            return self._receive(out, hasher, start, keep_lo, keep_hi)
+        finally:
+            hasher.sync()
+
+    def _receive(self, out, hasher, start, keep_lo, keep_hi):
         """Read the whole body; body byte i is object byte start+i.
 
         Bytes at object offsets in [keep_lo, keep_hi) go to `out` (and
@@ -410,6 +417,7 @@ class _NoHash(Hasher):
 
     def __init__(self):
         self.size = 0
+        self._q = None
 
-    def update(self, buf):
+    def update(self, buf, mark=False):
         self.size += len(buf)
