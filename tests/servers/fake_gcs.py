@@ -343,7 +343,9 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
         self.server.stats.fault(f.label)
 
     def injected(self, code):
-        reasons = {408: "requestTimeout", 429: "rateLimitExceeded",
+        reasons = {400: "invalid", 401: "required", 403: "forbidden",
+                   404: "notFound", 408: "requestTimeout",
+                   412: "conditionNotMet", 429: "rateLimitExceeded",
                    500: "backendError", 502: "backendError",
                    503: "backendError", 504: "backendError"}
         return GcsError(code, reasons.get(code, "invalid"),
