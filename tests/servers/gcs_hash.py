@@ -101,22 +101,14 @@ def crc32c_combine(crc1, crc2, len2):
     """CRC32C of A+B from crc(A), crc(B) and len(B) (zlib's method)."""
     if len2 <= 0:
         return crc1
-    odd = [_POLY] + [1 << n for n in range(31)]
-    even = _gf2_square(odd)
-    odd = _gf2_square(even)
-    while True:
-        even = _gf2_square(odd)
+    # the operator appending one zero bit, squared twice: four zero bits;
+    # each loop squares it again (1, 2, 4, ... zero bytes)
+    op = _gf2_square(_gf2_square([_POLY] + [1 << n for n in range(31)]))
+    while len2:
+        op = _gf2_square(op)
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
     return crc1 ^ crc2
 
 

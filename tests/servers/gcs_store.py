@@ -331,17 +331,21 @@ class Store:
         return os.path.join(self.updir, "%s-%s" % (kind,
                                                    uuid.uuid4().hex))
 
+    def _live(self, bucket, name, args, read):
+        """(bucket, live object) after the generation and precondition
+        checks; the caller holds the lock."""
+        b = self.bucket(bucket)
+        obj = b.objects.get(name)
+        gen = parse_int_arg(args, "generation")
+        if obj is None or (gen is not None and gen != obj.generation):
+            raise no_such_object(bucket, name)
+        check_preconditions(obj, args, read)
+        return b, obj
+
     def get(self, bucket, name, args, read=True):
         """The live object, after generation and precondition checks."""
         with self.lock:
-            b = self.bucket(bucket)
-            obj = b.objects.get(name)
-            gen = parse_int_arg(args, "generation")
-            if obj is None or (gen is not None and
-                               gen != obj.generation):
-                raise no_such_object(bucket, name)
-            check_preconditions(obj, args, read)
-            return obj
+            return self._live(bucket, name, args, read)[1]
 
     def commit(self, bucket, name, tmp, size, crc, md5, meta, args,
                components=0):
@@ -383,26 +387,14 @@ class Store:
 
     def delete(self, bucket, name, args):
         with self.lock:
-            b = self.bucket(bucket)
-            obj = b.objects.get(name)
-            gen = parse_int_arg(args, "generation")
-            if obj is None or (gen is not None and
-                               gen != obj.generation):
-                raise no_such_object(bucket, name)
-            check_preconditions(obj, args, read=False)
+            b, obj = self._live(bucket, name, args, read=False)
             self._rate_check(bucket, name)
             del b.objects[name]
             _unlink(obj.path)
 
     def patch(self, bucket, name, args, meta, replace):
         with self.lock:
-            b = self.bucket(bucket)
-            obj = b.objects.get(name)
-            gen = parse_int_arg(args, "generation")
-            if obj is None or (gen is not None and
-                               gen != obj.generation):
-                raise no_such_object(bucket, name)
-            check_preconditions(obj, args, read=False)
+            obj = self._live(bucket, name, args, read=False)[1]
             obj.apply(meta, replace)
             obj.metageneration += 1
             obj.updated = time.time()
