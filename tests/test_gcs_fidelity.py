@@ -13,7 +13,8 @@ Usage: /usr/bin/python3 tests/test_gcs_fidelity.py protocol|gcloud|node
             CLOUDSDK_CONFIG with api_endpoint_overrides/storage;
   node      the official Node client @google-cloud/storage (pinned below),
             installed with npm into $CKPT_NPM_CACHE (default
-            /var/tmp/ckpt-npm) when missing; runs test_gcs_fidelity.js.
+            /var/tmp/ckpt-npm) when missing; runs test_gcs_fidelity.js,
+            then its soak against the server's seeded random fault mode.
 
 Each mode starts its own server (port 0, --port-file) and stops it with
 SIGTERM, checking that it exits cleanly. Exit 77 (skipped) only when the
@@ -652,9 +653,16 @@ def run_node():
     mods = node_modules()
     env = dict(os.environ, NODE_PATH=mods)
     env.pop("STORAGE_EMULATOR_HOST", None)
+    script = os.path.join(HERE, "test_gcs_fidelity.js")
     with FakeGcs() as srv:
-        p = subprocess.run([node, os.path.join(HERE, "test_gcs_fidelity.js"),
-                            srv.base, BUCKET], env=env, timeout=600)
+        p = subprocess.run([node, script, srv.base, BUCKET], env=env,
+                           timeout=600)
+    if p.returncode != 0:
+        return p.returncode
+    # the random fault mode, as a soak would use it (seeded: repeatable)
+    with FakeGcs("--fault-rate", "0.3", "--fault-seed", "5") as srv:
+        p = subprocess.run([node, script, srv.base, BUCKET, "soak"], env=env,
+                           timeout=600)
     return p.returncode
 
 
