@@ -13,8 +13,8 @@ removed unless --data-dir was given).
 
 Data path: request bodies are streamed in 1 MiB pieces from the socket
 straight into a file under the data directory (hashed on the way: MD5 by
-hashlib, CRC32C by ISA-L), downloads go out with sendfile(2) from the
-object's file; nothing is held whole in memory.
+hashlib in a helper thread, CRC32C by ISA-L), downloads go out with
+sendfile(2) from the object's file; nothing is held whole in memory.
 
   client --PUT/POST--> Body.readinto --> file in DATA/uploads --rename-->
   DATA/objects/GEN-x (immutable) --sendfile--> client (GET ?alt=media)
@@ -93,9 +93,12 @@ Fault injection, storage-testbench's retry-test interface:
   stall-for-Ts-after-YK: after Y KiB of the upload body (uploads) or of the
     answer body (other requests) the server sleeps T s, then goes on.
 - FAKE random faults for soaks: --fault-rate P --fault-seed S (see
-  gcs_faults.RandomFaults). GET /_fake/stats returns {"requests", "faults":
-  {label: n}, "bytes_in", "bytes_out", "objects", "methods": {...}}. The
-  control paths (/retry_test*, /_fake/*) never fault.
+  gcs_faults.RandomFaults). GET /_fake/stats returns {"requests" (API
+  requests), "methods": {method: n}, "faults": {label: n} (faults that
+  really fired, by instruction or random-KIND), "faults_total", "bytes_in",
+  "bytes_out", "objects" (live objects), "uploads_open" (resumable
+  sessions neither finished nor cancelled)}. The control paths
+  (/retry_test*, /_fake/*, /) never fault.
 
 Not implemented: ACLs/IAM, object versioning (noncurrent generations),
 XML API, batch requests, gRPC, signed URLs, retention/holds, CSEK/KMS,
