@@ -2,6 +2,7 @@
 """Fidelity of tests/servers/fake_gcs.py, the loopback Cloud Storage server.
 
 Usage: /usr/bin/python3 tests/test_gcs_fidelity.py protocol|gcloud|node
+       /usr/bin/python3 tests/test_gcs_fidelity.py npm-install  (.ci/run)
 
   protocol  the documented JSON API wire behaviour (resumable 308/Range
             rules, multipart, checksums, ranges/416, list pages, compose
@@ -12,9 +13,10 @@ Usage: /usr/bin/python3 tests/test_gcs_fidelity.py protocol|gcloud|node
             composite and sliced transfers are used), through a private
             CLOUDSDK_CONFIG with api_endpoint_overrides/storage;
   node      the official Node client @google-cloud/storage (pinned below),
-            installed with npm into $CKPT_NPM_CACHE (default
-            /var/tmp/ckpt-npm) when missing; runs test_gcs_fidelity.js,
-            then its soak against the server's seeded random fault mode.
+            installed with npm into $CKPT_NPM_CACHE/@google-cloud+storage-V
+            (default cache /var/tmp/ckpt-npm) when missing (npm-install
+            does only that); runs test_gcs_fidelity.js, then its soak
+            against the server's seeded random fault mode.
 
 Each mode starts its own server (port 0, --port-file) and stops it with
 SIGTERM, checking that it exits cleanly. Exit 77 (skipped) only when the
@@ -477,11 +479,11 @@ def gcloud_env(cfg, token_file):
     env.update({
         "CLOUDSDK_CONFIG": cfg,
         "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-        # no network but loopback: anything else goes to a dead proxy
-        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-        "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
-        "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
     })
+    # no network but loopback: anything else goes to a dead proxy
+    for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        env[k] = "http://127.0.0.1:9"
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     return env
 
 
@@ -613,9 +615,13 @@ def call_stats(srv):
 # node
 
 def node_modules():
-    """node_modules holding the pinned client; installs it if needed."""
+    """node_modules holding the pinned client; installs it if needed.
+    The package has its own prefix under the shared cache, so installing
+    another package there (suite 'metadata') cannot prune it."""
     root = os.environ.get("CKPT_NPM_CACHE", "/var/tmp/ckpt-npm")
-    mods = os.path.join(root, "node_modules")
+    prefix = os.path.join(root, "%s-%s" % (NODE_PKG.replace("/", "+"),
+                                           NODE_VERSION))
+    mods = os.path.join(prefix, "node_modules")
     pkg = os.path.join(mods, NODE_PKG, "package.json")
 
     def have():
@@ -630,11 +636,11 @@ def node_modules():
     if npm is None:
         skip("npm is not installed, cannot fetch %s@%s" % (NODE_PKG,
                                                           NODE_VERSION))
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "w") as lock:
+    os.makedirs(prefix, exist_ok=True)
+    with open(os.path.join(prefix, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one install at a time
         if not have():
-            p = subprocess.run([npm, "install", "--prefix", root,
+            p = subprocess.run([npm, "install", "--prefix", prefix,
                                 "--no-audit", "--no-fund", "--no-save",
                                 "%s@%s" % (NODE_PKG, NODE_VERSION)],
                                capture_output=True, timeout=600)
@@ -644,6 +650,11 @@ def node_modules():
                 skip("npm install %s@%s failed (no registry?)" % (
                     NODE_PKG, NODE_VERSION))
     return mods
+
+
+def run_npm_install():
+    print("%s@%s in %s" % (NODE_PKG, NODE_VERSION, node_modules()))
+    return 0
 
 
 def run_node():
@@ -668,9 +679,9 @@ def run_node():
 
 def main():
     modes = {"protocol": run_protocol, "gcloud": run_gcloud,
-             "node": run_node}
+             "node": run_node, "npm-install": run_npm_install}
     if len(sys.argv) != 2 or sys.argv[1] not in modes:
-        print("usage: test_gcs_fidelity.py protocol|gcloud|node",
+        print("usage: test_gcs_fidelity.py protocol|gcloud|node|npm-install",
               file=sys.stderr)
         return 2
     socket.setdefaulttimeout(300)
