@@ -697,7 +697,7 @@ CKPT_API void ckpt_reader_close(ckpt_reader *r)
 	in_child = r->pid != getpid();
 	rd_stop_workers(r, in_child);
 	if (r->ring_state == 1 || r->ring_state == -2)
-		io_uring_queue_exit(&r->ring);
+		eng_uring_queue_exit(&r->ring);
 	rd_free_bufs(r);
 	free(r->cache);
 	for (size_t i = 0; i < r->nfiles; i++) {

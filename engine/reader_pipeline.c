@@ -484,7 +484,7 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 		}
 	}
 	if (r->ring_state == 0 && !(r->flags & CKPT_F_NO_URING)) {
-		r->ring_state = io_uring_queue_init(r->qd, &r->ring, 0) == 0
+		r->ring_state = eng_uring_queue_init(r->qd, &r->ring, 0) == 0
 					? 1 : -1;
 	}
 	return 0;
@@ -852,7 +852,7 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 		r->maxbufs = r->nbufs;
 		pthread_mutex_unlock(&r->mu);
 	} else if (b->ring_broken && r->ring_state == 1) {
-		io_uring_queue_exit(&r->ring);
+		eng_uring_queue_exit(&r->ring);
 		r->ring_state = -1;
 	}
 	/* buffers of jobs read but never handed on (a stopped batch) */
