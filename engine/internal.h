@@ -90,6 +90,21 @@ typedef struct eng_io_stats {
 } eng_io_stats;
 void eng_io_stats_get(const ckpt *c, eng_io_stats *out);
 
+/*
+ * The same for a reader's data path: the chunk and shard-header reads of
+ * the read pipeline (ckpt_read*, ckpt_reader_verify). COMMIT and the index
+ * files, read whole at open, and ckpt_reader_copy's block copies are not
+ * counted. Counts since ckpt_reader_open(); a read continued after a short
+ * count counts again.
+ */
+typedef struct eng_reader_io_stats {
+	uint64_t uring_reads;     /* read entries the kernel took */
+	uint64_t pread_reads;     /* reads (or their rest) done with pread */
+	uint64_t direct_files;    /* shard files opened with O_DIRECT */
+	uint64_t uring_fallbacks; /* no ring, or a batch's ring broke */
+} eng_reader_io_stats;
+void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out);
+
 /* Installs a table for the whole process (tests only); NULL restores the
  * real one. Members left NULL fall back to the real calls. */
 void eng_io_set(const eng_io *io);

@@ -48,6 +48,7 @@
 
 #include <liburing.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <xxhash.h>
@@ -191,6 +192,10 @@ struct ckpt_reader {
 	struct io_uring ring;
 	int ring_state; /* 0 not tried, 1 ready, -1 unusable, -2 failed
 			   with reads in flight (exit at close) */
+	struct { /* which paths the pipeline took (tests) */
+		atomic_ullong uring_reads, pread_reads, direct_files,
+			uring_fallbacks;
+	} io_st;
 
 	/* last chunk decoded by a one-chunk read: reads of neighbouring small
 	 * tensors (which share chunks) are then served without I/O */

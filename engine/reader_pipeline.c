@@ -34,6 +34,22 @@
 /* Shard files                                                        */
 /* ------------------------------------------------------------------ */
 
+static void rd_count(atomic_ullong *n, unsigned long long k)
+{
+	atomic_fetch_add_explicit(n, k, memory_order_relaxed);
+}
+
+void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!r)
+		return;
+	out->uring_reads = atomic_load(&r->io_st.uring_reads);
+	out->pread_reads = atomic_load(&r->io_st.pread_reads);
+	out->direct_files = atomic_load(&r->io_st.direct_files);
+	out->uring_fallbacks = atomic_load(&r->io_st.uring_fallbacks);
+}
+
 static void rd_close_idle(ckpt_reader *r, size_t keep)
 {
 	for (size_t i = 0; i < r->nfiles; i++) {
@@ -102,6 +118,8 @@ int rd_file_fd(ckpt_reader *r, size_t i, char *msg, size_t len)
 	}
 	f->fd = fd;
 	f->direct = direct;
+	if (direct)
+		rd_count(&r->io_st.direct_files, 1);
 	return fd;
 }
 
@@ -133,6 +151,7 @@ static int rd_read_rest(ckpt_reader *r, struct rd_job *j)
 		eng_close(tmp);
 	if (rc == 0)
 		j->done = j->len;
+	rd_count(&r->io_st.pread_reads, 1);
 	return rc;
 }
 
@@ -486,6 +505,8 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 	if (r->ring_state == 0 && !(r->flags & CKPT_F_NO_URING)) {
 		r->ring_state = eng_uring_queue_init(r->qd, &r->ring, 0) == 0
 					? 1 : -1;
+		if (r->ring_state < 0)
+			rd_count(&r->io_st.uring_fallbacks, 1);
 	}
 	return 0;
 }
@@ -643,6 +664,7 @@ static int rd_submit(ckpt_reader *r, struct rd_job *j, size_t idx)
 	if (rc < 0)
 		return rc;
 	f->inflight++;
+	rd_count(&r->io_st.uring_reads, 1);
 	return 0;
 }
 
@@ -696,6 +718,7 @@ static void rd_reap_one(ckpt_reader *r, struct rd_batch *b,
 				return;
 			}
 			b->ring_broken = 1;
+			rd_count(&r->io_st.uring_fallbacks, 1);
 			rc = rd_read_rest(r, j);
 		}
 		if (rc < 0) {
@@ -786,6 +809,7 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 					continue;
 				}
 				b->ring_broken = 1;
+				rd_count(&r->io_st.uring_fallbacks, 1);
 			}
 			err = rd_read_rest(r, j);
 			if (err < 0) {

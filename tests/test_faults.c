@@ -297,22 +297,12 @@ static void step_set(tu_set *set, uint64_t step)
 	tu_set_add(set, "f", CKPT_F32, 1, c, step + 2000);
 }
 
-static int uring_works(void)
-{
-	struct io_uring ring;
-
-	if (io_uring_queue_init(4, &ring, 0) < 0)
-		return 0;
-	io_uring_queue_exit(&ring);
-	return 1;
-}
-
 /* 0 if this machine can take the I/O path cfg names (io_uring, O_DIRECT
  * in dir), else why not: the test is then skipped. */
 static const char *cfg_unusable(int cfg, const char *dir)
 {
 	int uring = !(cfg_flags[cfg] & CKPT_F_NO_URING);
-	if (uring && !uring_works())
+	if (uring && !tu_uring_works())
 		return "no io_uring on this machine";
 	if (uring && !(cfg_flags[cfg] & CKPT_F_NO_DIRECT) &&
 	    !eng_probe_direct(dir))
@@ -743,6 +733,14 @@ START_TEST(test_read_faults)
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 1, &rs), 0);
 	tu_set set;
 	step_set(&set, 1);
+	/* without faults, a reader takes the path cfg names */
+	ck_assert_msg(tu_check_set(r, &set, why, sizeof(why)) == 0, "%s", why);
+	ck_assert_msg(tu_check_reader_path(r, rs.flags, dir, why,
+					   sizeof(why)) == 0,
+		      "%s: %s", cfg_names[_i], why);
+	ckpt_reader_close(r);
+	r = NULL;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 1, &rs), 0);
 	eng_io_set(&hooks);
 	reset_counters();
 	atomic_store(&mode, M_READ_ERR);

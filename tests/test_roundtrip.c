@@ -4,7 +4,6 @@
  * retention, gc, verify and copy.
  */
 #include <errno.h>
-#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -1095,19 +1094,11 @@ START_TEST(test_verify_copy)
 END_TEST
 
 /* 1 if this machine gives a process an io_uring. */
-static int uring_works(void)
-{
-	struct io_uring ring;
-
-	if (io_uring_queue_init(4, &ring, 0) < 0)
-		return 0;
-	io_uring_queue_exit(&ring);
-	return 1;
-}
-
 /* Same data through both I/O paths and with/without O_DIRECT. The save
  * side must have taken the path the flags ask for (eng_io_stats); where
- * this machine has no io_uring or O_DIRECT the case is skipped. */
+ * this machine has no io_uring or O_DIRECT the case is skipped. Each of
+ * the four readers must take the path its flags ask for on this machine
+ * (tu_check_reader_path). */
 START_TEST(test_io_paths)
 {
 	static const uint32_t flags[] = {0, CKPT_F_NO_URING, CKPT_F_NO_DIRECT,
@@ -1115,7 +1106,7 @@ START_TEST(test_io_paths)
 	const char *dir = tu_tmpdir();
 	int uring = !(flags[_i] & CKPT_F_NO_URING);
 	int direct = uring && !(flags[_i] & CKPT_F_NO_DIRECT);
-	if (uring && !uring_works())
+	if (uring && !tu_uring_works())
 		TU_SKIP("no io_uring on this machine");
 	if (direct && !eng_probe_direct(dir))
 		TU_SKIP("no O_DIRECT in the test directory");
@@ -1154,6 +1145,9 @@ START_TEST(test_io_paths)
 		ck_assert_int_eq(ckpt_reader_open(&r, dir, 1, &rs), 0);
 		ck_assert_int_eq(ckpt_reader_verify(r, NULL, NULL), 0);
 		ck_assert_msg(tu_check_set(r, &set, why, sizeof(why)) == 0,
+			      "%s", why);
+		ck_assert_msg(tu_check_reader_path(r, flags[k], dir, why,
+						   sizeof(why)) == 0,
 			      "%s", why);
 		ckpt_reader_close(r);
 	}

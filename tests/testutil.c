@@ -1,5 +1,6 @@
 /*
- * testutil.c - see testutil.h. Plain POSIX; no engine internals.
+ * testutil.c - see testutil.h. Plain POSIX; the one use of engine
+ * internals is tu_check_reader_path (the reader's path counters, internal.h).
  */
 #include "testutil.h"
 
@@ -7,12 +8,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <liburing.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "internal.h"
 
 /* ------------------------------------------------------------------ */
 /* running and temp dirs                                              */
@@ -816,4 +820,52 @@ void tu_settings(ckpt_settings *s)
 	s->chunk_bytes = 64u << 10;
 	s->threads = 2;
 	s->files_per_host = 2;
+}
+
+/* ---- I/O paths ---- */
+
+int tu_uring_works(void)
+{
+	struct io_uring ring;
+
+	if (io_uring_queue_init(4, &ring, 0) < 0)
+		return 0;
+	io_uring_queue_exit(&ring);
+	return 1;
+}
+
+int tu_check_reader_path(ckpt_reader *r, uint32_t flags, const char *root,
+			 char *why, size_t whylen)
+{
+	eng_reader_io_stats st;
+	int want_uring = !(flags & CKPT_F_NO_URING) && tu_uring_works();
+	int want_direct = !(flags & CKPT_F_NO_DIRECT) &&
+			  eng_probe_direct(root);
+	uint64_t want_fallbacks = !(flags & CKPT_F_NO_URING) && !want_uring;
+
+	eng_reader_io_stats_get(r, &st);
+	fprintf(stderr, "reader flags 0x%x: %llu io_uring reads, %llu preads, "
+		"%llu O_DIRECT files, %llu ring fallbacks\n", flags,
+		(unsigned long long)st.uring_reads,
+		(unsigned long long)st.pread_reads,
+		(unsigned long long)st.direct_files,
+		(unsigned long long)st.uring_fallbacks);
+	if (want_uring ? st.uring_reads == 0 || st.pread_reads != 0
+		       : st.uring_reads != 0 || st.pread_reads == 0)
+		snprintf(why, whylen, "reader flags 0x%x: want %s, got %llu "
+			 "io_uring reads and %llu preads", flags,
+			 want_uring ? "io_uring" : "pread",
+			 (unsigned long long)st.uring_reads,
+			 (unsigned long long)st.pread_reads);
+	else if (want_direct != (st.direct_files > 0))
+		snprintf(why, whylen, "reader flags 0x%x: want O_DIRECT %s, "
+			 "got %llu O_DIRECT files", flags,
+			 want_direct ? "on" : "off",
+			 (unsigned long long)st.direct_files);
+	else if (st.uring_fallbacks != want_fallbacks)
+		snprintf(why, whylen, "reader flags 0x%x: %llu ring fallbacks",
+			 flags, (unsigned long long)st.uring_fallbacks);
+	else
+		return 0;
+	return -1;
 }

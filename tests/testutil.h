@@ -160,6 +160,19 @@ int tu_read_file(const char *path, uint8_t **buf, size_t *len);
 int tu_write_file(const char *path, const void *buf, size_t len);
 int tu_exists(const char *path);
 
+/* ---- I/O paths ---- */
+
+/* 1 if this process can set up an io_uring ring. */
+int tu_uring_works(void);
+/* 0 if reader r's data path since open (eng_reader_io_stats) is the one
+ * the reader flags ask for on this machine: io_uring reads only unless
+ * CKPT_F_NO_URING or no ring can be set up here (then preads only, and
+ * one fallback in the latter case); shard files opened with O_DIRECT iff
+ * not CKPT_F_NO_DIRECT and the file system of root takes it. Else -1 with
+ * why set. The path taken is printed to stderr. */
+int tu_check_reader_path(ckpt_reader *r, uint32_t flags, const char *root,
+			 char *why, size_t whylen);
+
 /* Settings with small, test-friendly values: staging 8 MiB, chunk
  * 64 KiB, 2 threads, files_per_host 2. */
 void tu_settings(ckpt_settings *s);
