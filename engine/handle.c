@@ -172,14 +172,16 @@ static void setup_ring(struct ckpt *c)
 /* The ring, eventfd, pool and plain memory: all that ckpt_close in a child
  * of fork() may release, since the threads, the locks and any save in
  * flight are the parent's (what the sinks hold is left: small, and their
- * descriptors are O_CLOEXEC). */
-static void handle_release(struct ckpt *c)
+ * descriptors are O_CLOEXEC). A child has no pool when it was mapped
+ * MADV_DONTFORK (pool.c): its range is free there, and may since hold a
+ * mapping of the child's own, so the child leaves it alone. */
+static void handle_release(struct ckpt *c, int in_child)
 {
 	if (c->have_ring)
 		eng_uring_queue_exit(&c->ring);
 	if (c->efd >= 0)
 		close(c->efd);
-	if (c->mem)
+	if (c->mem && !(in_child && c->mem_dontfork))
 		munmap(c->mem, c->mem_bytes);
 	eng_job_free(c->job);
 	free(c->bufs);
@@ -205,7 +207,7 @@ static void handle_free(struct ckpt *c)
 		pthread_join(c->writer, NULL);
 	for (i = 0; i < c->nsinks; i++)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
-	handle_release(c);
+	handle_release(c, 0);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->slot_cv);
 	pthread_cond_destroy(&c->work_cv);
@@ -324,7 +326,7 @@ CKPT_API int ckpt_close(ckpt *c)
 	if (!c)
 		return 0;
 	if (c->pid != getpid()) {
-		handle_release(c);
+		handle_release(c, 1);
 		free(c);
 		return 0;
 	}

@@ -6,8 +6,9 @@
  *
  * Design note. Everything that costs page faults or allocations happens in
  * ckpt_open(): one mmap holds every staging slot and compressed-output
- * buffer, pre-faulted (huge pages where the kernel allows) and registered
- * with io_uring by handle.c. Slot layout: [64-byte chunk header][chunk_bytes
+ * buffer, pre-faulted (huge pages where the kernel allows), left out of
+ * fork() children (MADV_DONTFORK) and registered with io_uring by
+ * handle.c. Slot layout: [64-byte chunk header][chunk_bytes
  * raw][pad to 4096], so a chunk that is stored raw is written straight from
  * its slot. A chunk that compresses moves to an output buffer and its slot
  * is freed at once. A buffer goes back to its free list when its last
@@ -292,6 +293,12 @@ int eng_pool_alloc(struct ckpt *c)
 			c->mem_bytes, strerror(errno));
 	c->mem = m;
 	madvise(m, c->mem_bytes, MADV_HUGEPAGE);
+	/* Not inherited by fork(): the pool is pinned by io_uring, and
+	 * recent kernels copy pinned anonymous pages into the child at fork
+	 * (no copy-on-write for them), which would cost every child (a
+	 * DataLoader worker) a whole pool at once. A child must not touch
+	 * the pool; ckpt_close there leaves the range alone (handle.c). */
+	c->mem_dontfork = madvise(m, c->mem_bytes, MADV_DONTFORK) == 0;
 	populate(m, c->mem_bytes, eng_ncpus());
 	c->bufs = calloc((size_t)nslots + nout, sizeof(*c->bufs));
 	if (!c->bufs)

@@ -186,6 +186,7 @@ struct ckpt {
 	/* buffers: one mmap; bufs[0..nslots) slots, then nout outputs */
 	uint8_t *mem;
 	size_t mem_bytes;
+	int mem_dontfork; /* MADV_DONTFORK took: no copy in a fork() child */
 	eng_buf *bufs;
 	uint32_t nslots, nout;
 	eng_buf *free_slots, *free_outs;

@@ -63,14 +63,18 @@
  *    threads exist only there. In a child process, a handle inherited from
  *    the parent may only be closed: ckpt_close() and ckpt_reader_close()
  *    notice that they run in another process and then only release the
- *    child's copy of the handle's memory (staging pool, buffers) and of
- *    its descriptors (except the shard files of a save in flight, which
- *    are close-on-exec). They take no lock, wait for no save and write or
- *    remove nothing; the parent's handle is unaffected. ckpt_close()
- *    returns 0 there. Reads, verify and copy through an inherited reader
- *    fail with -ECHILD (its accessors still work); any other use of an
- *    inherited ckpt handle is undefined. Open new handles in the child if
- *    it needs the library.
+ *    child's copy of the handle's memory (buffers) and of its descriptors
+ *    (except the shard files of a save in flight, which are
+ *    close-on-exec). The staging pool is not inherited at all
+ *    (MADV_DONTFORK: it is pinned for io_uring, and copying it into every
+ *    child, such as each DataLoader worker, would cost a whole pool per
+ *    child): its address range is unmapped in the child, which must not
+ *    touch it, and ckpt_close() there leaves the range alone. They take
+ *    no lock, wait for no save and write or remove nothing; the parent's
+ *    handle is unaffected. ckpt_close() returns 0 there. Reads, verify
+ *    and copy through an inherited reader fail with -ECHILD (its
+ *    accessors still work); any other use of an inherited ckpt handle is
+ *    undefined. Open new handles in the child if it needs the library.
  *
  * Symbols not declared here are not API.
  */

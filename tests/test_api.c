@@ -8,11 +8,12 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "save_internal.h"
 #include "testutil.h"
 
 static ckpt *open_root(const char *dir)
@@ -815,6 +816,78 @@ START_TEST(test_fork_child)
 }
 END_TEST
 
+/* 1 if a mapping listed in /proc/self/smaps overlaps [lo, hi), 0 if none
+ * does, -1 if the file cannot be read. */
+static int smaps_overlaps(uintptr_t lo, uintptr_t hi)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	int hit = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long a, b;
+		if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && a < hi && b > lo)
+			hit = 1;
+	}
+	fclose(f);
+	return hit;
+}
+
+/* The staging pool (256 MiB, pinned for io_uring) is not inherited by a
+ * fork() child: its range is absent from the child's smaps, the child's
+ * ckpt_close succeeds and leaves alone a mapping the child made in that
+ * range, and the parent still saves. */
+START_TEST(test_fork_pool)
+{
+	const char *dir = tu_tmpdir();
+	ckpt_settings s;
+	tu_settings(&s);
+	s.staging_bytes = 256u << 20;
+	ckpt *c = NULL;
+	ck_assert_int_eq(ckpt_open(&c, dir, &s), 0);
+	tu_set set;
+	big_set(&set);
+	ck_assert_int_eq(tu_save(c, 1, &set), 0);
+	uintptr_t lo = (uintptr_t)c->mem, hi = lo + c->mem_bytes;
+	ck_assert_uint_gt(c->mem_bytes, 255u << 20); /* slots round down */
+	ck_assert(c->mem_dontfork);
+	ck_assert_int_eq(smaps_overlaps(lo, hi), 1);
+
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int bad = 0;
+		if (smaps_overlaps(lo, hi) != 0)
+			bad |= 1;
+		/* a mapping of the child's own where the pool was */
+		uint8_t *m = mmap((void *)lo, 4096, PROT_READ | PROT_WRITE,
+				  MAP_PRIVATE | MAP_ANONYMOUS |
+					  MAP_FIXED_NOREPLACE,
+				  -1, 0);
+		if (m != (uint8_t *)lo)
+			_exit(bad | 2);
+		memset(m, 0x5a, 4096);
+		if (ckpt_close(c) != 0)
+			bad |= 4;
+		if (smaps_overlaps(lo, lo + 4096) != 1 || m[4095] != 0x5a)
+			bad |= 8;
+		_exit(bad);
+	}
+	int status = 0;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child: wait status 0x%x (exit bits: 1 pool in smaps, "
+		      "2 range taken, 4 close, 8 own mapping gone)", status);
+	ck_assert_int_eq(tu_save(c, 2, &set), 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	char why[512];
+	ck_assert_msg(tu_check_root(dir, 2, &set, why, sizeof(why)) == 0,
+		      "%s", why);
+	tu_set_free(&set);
+}
+END_TEST
+
 /* ---- ckpt_poll observes, never consumes ---- */
 
 struct poll_arg {
@@ -994,6 +1067,7 @@ int main(void)
 	tcase_add_test(tc, test_failed_save_previous);
 	tcase_add_test(tc, test_close_reports_failure);
 	tcase_add_test(tc, test_fork_child);
+	tcase_add_test(tc, test_fork_pool);
 	tcase_add_test(tc, test_commit_misuse);
 	tcase_add_test(tc, test_close_waits);
 	tcase_add_test(tc, test_gc_spares_inflight);
