@@ -288,8 +288,9 @@ typedef struct ckpt_tensor {
  * Starts saving `count` tensors as step `step`. Returns as soon as every
  * byte has been copied into the staging pool (blocking while the pool is
  * full), so the caller may modify its tensors right after. Persistence
- * continues in the background: collect the outcome with ckpt_wait() or
- * ckpt_poll(). May be called from any thread.
+ * continues in the background: collect the outcome with ckpt_wait()
+ * (ckpt_poll() watches without collecting). May be called from any
+ * thread.
  *
  * Errors: -EINVAL (bad argument, message names the tensor; a step above
  * 2^63-1, which the format cannot record), CKPT_E_DUPNAME,

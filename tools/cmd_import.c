@@ -4,8 +4,10 @@
  * Design note: the file is mapped and fully validated (safetensors.c)
  * before anything is saved; its tensors then go to ckpt_save() straight
  * from the mapping, and ckpt_wait() commits. On a terminal a thread polls
- * ckpt_poll() for the progress line. A save cannot be cancelled, so no
- * signal handler: an interrupted import leaves uncommitted debris for gc.
+ * ckpt_poll() for the progress line; ckpt_poll only observes, so a failure
+ * is reported by ckpt_wait() whether or not the poller saw it. A save
+ * cannot be cancelled, so no signal handler: an interrupted import leaves
+ * uncommitted debris for gc.
  *
  *   mmap(FILE) --> st_open (validate) --> ckpt_save --> ckpt_wait (commit)
  */
@@ -57,7 +59,6 @@ typedef struct poll_ctx {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int stop;
-	int status; /* a failure ckpt_poll collected (then ckpt_wait won't) */
 } poll_ctx;
 
 static void *poll_thread(void *arg)
@@ -68,13 +69,10 @@ static void *poll_thread(void *arg)
 	while (!pc->stop) {
 		struct timespec ts;
 		ckpt_progress pr;
-		int rc;
 
 		pthread_mutex_unlock(&pc->mu);
 		memset(&pr, 0, sizeof(pr));
-		rc = ckpt_poll(pc->h, &pr);
-		if (rc < 0 && pc->status == 0)
-			pc->status = rc;
+		(void)ckpt_poll(pc->h, &pr); /* a failure: ckpt_wait's */
 		if (pr.bytes_total)
 			cli_progress_fn(pc->p, pr.bytes_written,
 					pr.bytes_total);
@@ -236,12 +234,8 @@ static int cmd_import(int argc, char **argv)
 	rc = ckpt_save(h, step, ts, f.count);
 	if (rc == 0)
 		rc = ckpt_wait(h);
-	if (thread_started) {
+	if (thread_started)
 		stop_poller(&pc, th);
-		/* a failure ckpt_poll collected is not reported by ckpt_wait */
-		if (rc == 0 && pc.status)
-			rc = pc.status;
-	}
 	if (p.on) {
 		pthread_mutex_destroy(&pc.mu);
 		pthread_cond_destroy(&pc.cv);
