@@ -393,18 +393,6 @@ static void fill_slot(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
 	b->elem_width = (uint8_t)(ew ? ew : 1);
 }
 
-static const char *const reason_names[CKPT_REASON_COUNT] = {
-	"unspecified", "periodic", "maintenance", "preempted",
-	"sigterm",     "manual",   "requested",
-};
-
-CKPT_API const char *ckpt_reason_name(int reason)
-{
-	return reason >= 0 && reason < CKPT_REASON_COUNT ?
-		       reason_names[reason] :
-		       NULL;
-}
-
 CKPT_API void ckpt_save_opts_default(ckpt_save_opts *o)
 {
 	if (!o)

@@ -236,6 +236,7 @@ typedef struct fmt_index {
 	size_t nchunks;
 	fmt_chunk_entry *chunks; /* sorted by stream_offset, contiguous,
 	                            covering [0, stream_bytes) */
+	int32_t reason; /* enum ckpt_save_reason; unspecified if absent */
 } fmt_index;
 
 /* Serializes to a framed file image (malloc'd). */
@@ -284,6 +285,7 @@ typedef struct fmt_commit {
 	uint64_t stored_bytes;  /* sum of all file sizes */
 	size_t nfiles;
 	fmt_file_entry *files;  /* every index and shard file of every host */
+	int32_t reason; /* enum ckpt_save_reason; unspecified if absent */
 } fmt_commit;
 
 int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len);

@@ -229,6 +229,28 @@ static const char *const codecs[CKPT_CODEC_COUNT] = {
 	[CKPT_CODEC_FLOAT] = "float",
 };
 
+/* Save reasons: the names ckpt_reason_name returns and the format records
+ * (SPEC.md sections 7 and 8). */
+static const char *const reason_names[CKPT_REASON_COUNT] = {
+	"unspecified", "periodic", "maintenance", "preempted",
+	"sigterm",     "manual",   "requested",
+};
+
+CKPT_API const char *ckpt_reason_name(int reason)
+{
+	return reason >= 0 && reason < CKPT_REASON_COUNT ?
+		       reason_names[reason] :
+		       NULL;
+}
+
+int fmt_reason_from_name(const char *name)
+{
+	for (int i = 0; name && i < CKPT_REASON_COUNT; i++)
+		if (!strcmp(name, reason_names[i]))
+			return i;
+	return -1;
+}
+
 CKPT_API size_t ckpt_dtype_size(int dtype)
 {
 	if (dtype <= CKPT_DTYPE_INVALID || dtype >= CKPT_DTYPE_COUNT)

@@ -29,7 +29,8 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 	if (!cm || !out || !out_len || cm->step > FMT_JSON_MAX_INT ||
 	    cm->commit_unix_ns < 0 || cm->tensor_count > FMT_JSON_MAX_INT ||
 	    cm->raw_bytes > FMT_JSON_MAX_INT ||
-	    cm->stored_bytes > FMT_JSON_MAX_INT || (cm->nfiles && !cm->files))
+	    cm->stored_bytes > FMT_JSON_MAX_INT || (cm->nfiles && !cm->files) ||
+	    !ckpt_reason_name(cm->reason))
 		return -EINVAL;
 	for (size_t i = 0; i < cm->nfiles; i++)
 		if (cm->files[i].size > FMT_JSON_MAX_INT ||
@@ -42,6 +43,7 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 		      "\"hosts\":%u,\"commit_unix_ns\":%lld,",
 		      FMT_VERSION, (unsigned long long)cm->step, cm->host_count,
 		      (long long)cm->commit_unix_ns);
+	fmt_sb_reason(&b, cm->reason);
 	fmt_sb_printf(&b,
 		      "\"tensors\":%llu,\"raw_bytes\":%llu,"
 		      "\"stored_bytes\":%llu,\n\"files\":[",
@@ -177,12 +179,14 @@ static int decode_commit(fmt_jrd *r, json_t *root, fmt_commit *cm)
 					    "files",          NULL };
 	static const char *const fkeys[] = { "name", "size", "xxh3",
 					     "host", "kind", NULL };
+	static const char *const opt[] = { "reason", NULL };
 	json_t *files;
 	uint64_t x;
 	int rc;
 
 	if ((rc = fmt_jr_header(r, root, "commit")) ||
-	    (rc = fmt_jr_keys(r, root, keys, "document")) ||
+	    (rc = fmt_jr_keys_opt(r, root, keys, opt, "document")) ||
+	    (rc = fmt_jr_reason(r, root, &cm->reason)) ||
 	    (rc = fmt_jr_key_uint(r, root, "step", FMT_JSON_MAX_INT, &cm->step,
 				  "")) ||
 	    (rc = fmt_jr_key_uint(r, root, "hosts", FMT_MAX_HOSTS, &x, "")))

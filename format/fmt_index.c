@@ -28,7 +28,8 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 
 	if (!ix || !out || !out_len || ix->step > FMT_JSON_MAX_INT ||
 	    ix->stream_bytes > FMT_JSON_MAX_INT || (ix->nfiles && !ix->files) ||
-	    (ix->ntensors && !ix->tensors) || (ix->nchunks && !ix->chunks))
+	    (ix->ntensors && !ix->tensors) || (ix->nchunks && !ix->chunks) ||
+	    !ckpt_reason_name(ix->reason))
 		return -EINVAL;
 	for (size_t i = 0; i < ix->ntensors; i++) {
 		const fmt_tensor_entry *t = &ix->tensors[i];
@@ -60,6 +61,7 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 		      "\"save_id\":\"%s\",\"host\":%u,\"hosts\":%u,",
 		      FMT_VERSION, (unsigned long long)ix->step, hex,
 		      ix->host_index, ix->host_count);
+	fmt_sb_reason(&b, ix->reason);
 	fmt_sb_printf(&b,
 		      "\"chunk_bytes\":%u,\"stream_bytes\":%llu,\n\"files\":[",
 		      ix->chunk_bytes, (unsigned long long)ix->stream_bytes);
@@ -449,6 +451,7 @@ static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 		"host",   "hosts",   "chunk_bytes", "stream_bytes",
 		"files",  "tensors", "chunks",      NULL
 	};
+	static const char *const opt[] = { "reason", NULL };
 	static const char *const fkeys[] = { "name", "size", "xxh3", NULL };
 	json_t *files, *tensors, *chunks, *v;
 	uint64_t x, nchunks;
@@ -456,7 +459,8 @@ static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 
 	/* The version first: a newer document may well have other keys. */
 	if ((rc = fmt_jr_header(r, root, "index")) ||
-	    (rc = fmt_jr_keys(r, root, keys, "document")) ||
+	    (rc = fmt_jr_keys_opt(r, root, keys, opt, "document")) ||
+	    (rc = fmt_jr_reason(r, root, &ix->reason)) ||
 	    (rc = fmt_jr_key_uint(r, root, "step", FMT_JSON_MAX_INT, &ix->step,
 				  "")))
 		return rc;

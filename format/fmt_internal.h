@@ -21,4 +21,7 @@ int fmt_fail(char *err, size_t errlen, int code, const char *fmt, ...)
  * negative, 0 or positive like strcmp. */
 int fmt_tensor_name_cmp(const fmt_tensor_entry *a, const fmt_tensor_entry *b);
 
+/* enum ckpt_save_reason of a name ckpt_reason_name returns, or -1. */
+int fmt_reason_from_name(const char *name);
+
 #endif /* CKPT_FMT_INTERNAL_H */

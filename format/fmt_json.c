@@ -119,6 +119,13 @@ void fmt_sb_file(fmt_sbuf *b, const fmt_file_entry *f, int first)
 	fmt_sb_hash(b, f->xxh3);
 }
 
+void fmt_sb_reason(fmt_sbuf *b, int32_t reason)
+{
+	if (reason > CKPT_REASON_UNSPECIFIED)
+		fmt_sb_printf(b, "\"reason\":\"%s\",",
+			      ckpt_reason_name(reason));
+}
+
 int fmt_sb_finish(fmt_sbuf *b, int kind, uint8_t **out, size_t *out_len)
 {
 	int rc;
@@ -149,6 +156,36 @@ int fmt_jr_bad(fmt_jrd *r, const char *fmt, ...)
 int fmt_jr_keys(fmt_jrd *r, json_t *obj, const char *const *keys,
 		const char *where)
 {
+	return fmt_jr_keys_opt(r, obj, keys, NULL, where);
+}
+
+static int key_in(const char *k, const char *const *list)
+{
+	for (; list && *list; list++)
+		if (!strcmp(k, *list))
+			return 1;
+	return 0;
+}
+
+int fmt_jr_reason(fmt_jrd *r, json_t *root, int32_t *reason)
+{
+	json_t *v = json_object_get(root, "reason");
+	int x;
+
+	*reason = CKPT_REASON_UNSPECIFIED;
+	if (!v)
+		return 0;
+	if (!json_is_string(v))
+		return fmt_jr_bad(r, "\"reason\": not a string");
+	x = fmt_reason_from_name(json_string_value(v));
+	if (x > 0)
+		*reason = x;
+	return 0;
+}
+
+int fmt_jr_keys_opt(fmt_jrd *r, json_t *obj, const char *const *keys,
+		    const char *const *opt, const char *where)
+{
 	const char *k;
 	json_t *v;
 	size_t n = 0;
@@ -164,7 +201,7 @@ int fmt_jr_keys(fmt_jrd *r, json_t *obj, const char *const *keys,
 
 		for (i = 0; i < n && strcmp(k, keys[i]) != 0; i++)
 			;
-		if (i == n)
+		if (i == n && !key_in(k, opt))
 			return fmt_jr_bad(r, "%s: unknown key \"%.64s\"", where,
 					  k);
 	}

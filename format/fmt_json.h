@@ -46,6 +46,9 @@ void fmt_sb_u64s(fmt_sbuf *b, const uint64_t *v, uint32_t n);
 /* `{"name":...,"size":...,"xxh3":...` of a file entry, preceded by a line
  * break (and a comma unless first); the caller closes the object. */
 void fmt_sb_file(fmt_sbuf *b, const fmt_file_entry *f, int first);
+/* `"reason":"<name>",` for a reason other than unspecified, else nothing
+ * (documents without the key stay readable by every version-1 reader). */
+void fmt_sb_reason(fmt_sbuf *b, int32_t reason);
 /* Frames the document as a file of `kind` (fmt_meta_wrap) and frees the
  * buffer; -ENOMEM if any write failed. */
 int fmt_sb_finish(fmt_sbuf *b, int kind, uint8_t **out, size_t *out_len);
@@ -73,6 +76,13 @@ int fmt_jr_header(fmt_jrd *r, json_t *root, const char *kind);
 /* Rejects keys not in `keys` (NULL-terminated) and missing keys. */
 int fmt_jr_keys(fmt_jrd *r, json_t *obj, const char *const *keys,
 		const char *where);
+/* The same, also allowing the optional keys `opt` (NULL-terminated). */
+int fmt_jr_keys_opt(fmt_jrd *r, json_t *obj, const char *const *keys,
+		    const char *const *opt, const char *where);
+/* The optional "reason" of an index or commit document (SPEC.md 7, 8):
+ * absent or a name this version does not know: CKPT_REASON_UNSPECIFIED;
+ * not a string: corrupt. */
+int fmt_jr_reason(fmt_jrd *r, json_t *root, int32_t *reason);
 /* A non-negative integer <= max; `where` and `key` name it in messages. */
 int fmt_jr_uint(fmt_jrd *r, json_t *v, uint64_t max, uint64_t *out,
 		const char *where, const char *key);

@@ -1893,6 +1893,114 @@ START_TEST(test_commit_hostile)
 }
 END_TEST
 
+/* ---- the optional "reason" of index and commit documents ---- */
+
+/* Re-wraps the body of frame f (kind) with "reason" set to v (NULL:
+ * removed); the new file in *out. */
+static void set_reason(int kind, const uint8_t *f, size_t n, json_t *v,
+		       uint8_t **out, size_t *out_len)
+{
+	const char *body;
+	size_t blen;
+	json_t *r;
+	char *text;
+
+	ck_assert_int_eq(fmt_meta_unwrap(kind, f, n, &body, &blen, errbuf,
+					 sizeof(errbuf)), 0);
+	r = json_loadb(body, blen, 0, NULL);
+	ck_assert(r != NULL);
+	if (v)
+		json_object_set_new(r, "reason", v);
+	else
+		json_object_del(r, "reason");
+	text = json_dumps(r, JSON_COMPACT);
+	ck_assert_int_eq(fmt_meta_wrap(kind, text, strlen(text), out,
+				       out_len), 0);
+	json_decref(r);
+	free(text);
+}
+
+/* 1 if the body of frame f has a "reason" key. */
+static int has_reason(int kind, const uint8_t *f, size_t n)
+{
+	const char *body;
+	size_t blen;
+
+	ck_assert_int_eq(fmt_meta_unwrap(kind, f, n, &body, &blen, errbuf,
+					 sizeof(errbuf)), 0);
+	return memmem(body, blen, "\"reason\"", 8) != NULL;
+}
+
+/* Without a reason the key is absent (documents old readers accept) and
+ * decodes as unspecified; with one it is written by name and read back;
+ * a name this version does not know reads as unspecified; a value that is
+ * not a string is corrupt; an out-of-range reason is not encoded. */
+START_TEST(test_reason_roundtrip)
+{
+	fmt_index ix, gi;
+	fmt_commit cm, gc;
+	uint8_t *f, *f2;
+	size_t n, n2;
+
+	make_index(&ix);
+	make_commit(&cm);
+	for (int32_t reason = 0; reason < CKPT_REASON_COUNT; reason++) {
+		ix.reason = reason;
+		ck_assert_int_eq(fmt_index_encode(&ix, &f, &n), 0);
+		ck_assert_int_eq(has_reason(FMT_META_INDEX, f, n), reason != 0);
+		ck_assert_int_eq(fmt_index_decode(f, n, &gi, errbuf,
+						  sizeof(errbuf)), 0);
+		ck_assert_int_eq(gi.reason, reason);
+		fmt_index_free(&gi);
+		free(f);
+		cm.reason = reason;
+		ck_assert_int_eq(fmt_commit_encode(&cm, &f, &n), 0);
+		ck_assert_int_eq(has_reason(FMT_META_COMMIT, f, n),
+				 reason != 0);
+		ck_assert_int_eq(fmt_commit_decode(f, n, &gc, errbuf,
+						   sizeof(errbuf)), 0);
+		ck_assert_int_eq(gc.reason, reason);
+		fmt_commit_free(&gc);
+		free(f);
+	}
+	ix.reason = CKPT_REASON_MAINTENANCE;
+	ck_assert_int_eq(fmt_index_encode(&ix, &f, &n), 0);
+	ck_assert(memmem(f, n, "\"reason\":\"maintenance\"", 22) != NULL);
+	/* unknown name: unspecified */
+	set_reason(FMT_META_INDEX, f, n, json_string("solar_flare"), &f2, &n2);
+	ck_assert_int_eq(fmt_index_decode(f2, n2, &gi, errbuf, sizeof(errbuf)),
+			 0);
+	ck_assert_int_eq(gi.reason, CKPT_REASON_UNSPECIFIED);
+	fmt_index_free(&gi);
+	free(f2);
+	/* not a string: corrupt */
+	set_reason(FMT_META_INDEX, f, n, json_integer(2), &f2, &n2);
+	ck_assert_int_eq(fmt_index_decode(f2, n2, &gi, errbuf, sizeof(errbuf)),
+			 CKPT_E_CORRUPT);
+	ck_assert_msg(strstr(errbuf, "\"reason\""), "%s", errbuf);
+	free(f2);
+	free(f);
+	cm.reason = CKPT_REASON_PREEMPTED;
+	ck_assert_int_eq(fmt_commit_encode(&cm, &f, &n), 0);
+	set_reason(FMT_META_COMMIT, f, n, json_true(), &f2, &n2);
+	ck_assert_int_eq(fmt_commit_decode(f2, n2, &gc, errbuf,
+					   sizeof(errbuf)), CKPT_E_CORRUPT);
+	free(f2);
+	set_reason(FMT_META_COMMIT, f, n, NULL, &f2, &n2);
+	ck_assert_int_eq(fmt_commit_decode(f2, n2, &gc, errbuf,
+					   sizeof(errbuf)), 0);
+	ck_assert_int_eq(gc.reason, CKPT_REASON_UNSPECIFIED);
+	fmt_commit_free(&gc);
+	free(f2);
+	free(f);
+	/* out of range: not encoded */
+	ix.reason = CKPT_REASON_COUNT;
+	ck_assert_int_eq(fmt_index_encode(&ix, &f, &n), -EINVAL);
+	cm.reason = -1;
+	ck_assert_int_eq(fmt_commit_encode(&cm, &f, &n), -EINVAL);
+}
+END_TEST
+
 /* ---- slices across hosts (fmt_slices_check) ---- */
 
 /* A slice of tensor `name` stored by some host: ndim dims given as
@@ -2272,6 +2380,7 @@ static Suite *format_suite(void)
 	tcase_add_test(tc, test_index_future_version);
 	tcase_add_test(tc, test_commit_roundtrip);
 	tcase_add_loop_test(tc, test_commit_hostile, 0, N_HOSTILE_COMMIT);
+	tcase_add_test(tc, test_reason_roundtrip);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("slices");
