@@ -165,6 +165,10 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 			nfiles++;
 		}
 		nslices += x->ntensors;
+		/* the step's reason: the lowest host's that records one
+		 * (hosts may disagree; each index keeps its own) */
+		if (cm.reason == CKPT_REASON_UNSPECIFIED)
+			cm.reason = x->reason;
 	}
 
 	slices = calloc(nslices ? nslices : 1, sizeof(*slices));
@@ -315,6 +319,7 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count)
 		info[k].raw_bytes = cm.raw_bytes;
 		info[k].stored_bytes = cm.stored_bytes;
 		info[k].commit_unix_ns = cm.commit_unix_ns;
+		info[k].reason = cm.reason;
 		fmt_commit_free(&cm);
 		k++;
 	}

@@ -852,5 +852,6 @@ CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out)
 	if (!r || !out)
 		return eng_err(NULL, -EINVAL, "ckpt_reader_stats: NULL argument");
 	*out = r->stats;
+	out->reason = r->cm.reason;
 	return 0;
 }

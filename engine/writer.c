@@ -243,6 +243,7 @@ static int finish_job(struct ckpt *c, eng_job *job)
 	ix.host_count = c->s.host_count;
 	ix.chunk_bytes = job->chunk_bytes;
 	ix.stream_bytes = job->stream_bytes;
+	ix.reason = job->reason;
 	ix.nfiles = job->nfiles;
 	ix.files = job->files;
 	ix.ntensors = job->ntensors;

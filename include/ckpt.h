@@ -373,7 +373,10 @@ typedef struct ckpt_save_opts {
 	 * buffers: asking it for a codec is -EINVAL. */
 	int32_t codec;
 	int32_t level;
-	int32_t reason;      /* enum ckpt_save_reason; kept with the save */
+	int32_t reason;      /* enum ckpt_save_reason; recorded in the
+	                        step's index and commit record (SPEC.md 7,
+	                        8), reported by ckpt_list and
+	                        ckpt_reader_stats */
 	uint32_t flags;      /* none defined yet: must be 0 */
 	/* Wall-clock deadline (unix ns, 0 = none). A save asked for after
 	 * its deadline is refused with -ETIMEDOUT before anything is copied;
@@ -446,7 +449,11 @@ typedef struct ckpt_step_info {
 	uint64_t raw_bytes;       /* logical bytes */
 	uint64_t stored_bytes;    /* bytes of all files */
 	int64_t commit_unix_ns;   /* when the commit record was written */
-	uint64_t reserved[4];
+	int32_t reason;           /* enum ckpt_save_reason the commit records
+	                             (host 0's, or the lowest host's that
+	                             gave one); unspecified if none */
+	uint32_t reserved32;
+	uint64_t reserved[3];
 } ckpt_step_info;
 
 /*
@@ -654,7 +661,9 @@ typedef struct ckpt_stats {
 	uint64_t chunks_by_codec[CKPT_STATS_MAX_CODECS];
 	uint64_t raw_by_codec[CKPT_STATS_MAX_CODECS];
 	uint64_t stored_by_codec[CKPT_STATS_MAX_CODECS];
-	uint64_t reserved[4];
+	int32_t reason;            /* as ckpt_step_info.reason */
+	uint32_t reserved32;
+	uint64_t reserved[3];
 } ckpt_stats;
 
 CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out);

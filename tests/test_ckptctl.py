@@ -370,7 +370,7 @@ class TestHelp(CkptctlTest):
     # A value of the right kind for each argument placeholder in the help.
     ARG_VALUES = {"N": "1", "K": "1", "BYTES": "64K", "FMT": "safetensors",
                   "FILE": "x", "NAME": "x", "OUTDIR": "x",
-                  "none|zstd|float": "zstd"}
+                  "none|zstd|float": "zstd", "REASON": "manual"}
 
     def test_help_options_exist(self):
         # Every option a command's help lists is accepted, in both spellings
@@ -420,6 +420,8 @@ class TestUsageErrors(CkptctlTest):
             ["import", SRC, d, "--codec", "lzma"],
             ["import", SRC, d, "--level", "abc"],
             ["import", SRC, d, "--chunk", "12Q"],
+            ["import", SRC, d, "--reason", "bogus"],
+            ["import", SRC, d, "--reason", "unspecified"],
             ["import", SRC, d, "extra"],
             ["gc", d],
             ["gc", d, "--keep", "-1"],
@@ -677,6 +679,31 @@ class TestInspect(CkptctlTest):
         self.assertEqual(s["raw_bytes"], sum(tensor_bytes(a).__len__() for _, _, a in TENSORS))
         self.assertGreater(s["stored_bytes"], 0)
         self.assertGreater(s["commit_unix_ns"], 0)
+
+    def test_reason(self):
+        """A step imported with --reason shows it in ls and inspect (text
+        and JSON); one imported without shows "unspecified"."""
+        root = fresh_dir("reason_root")
+        p = run("import", "--reason", "maintenance", SRC, root + "@3")
+        self.assertEqual(p.returncode, 0, p.err)
+        p = run("import", SRC, root + "@4")
+        self.assertEqual(p.returncode, 0, p.err)
+        p, js = run_json("ls", "--json", root)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual([(s["step"], s["reason"]) for s in js["steps"]],
+                         [(3, "maintenance"), (4, "unspecified")])
+        p = run("ls", root)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertIn("REASON", p.out)
+        rows = {l.split()[0]: l.split()[-1]   # between header and footer
+                for l in p.out.splitlines()[1:-1]}
+        self.assertEqual(rows, {"3": "maintenance", "4": "unspecified"})
+        p, js = run_json("inspect", "--json", root + "@3")
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(js["reason"], "maintenance")
+        p = run("inspect", root + "@3")
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertRegex(p.out, r"\n  reason +maintenance\n")
 
     def test_ls_errors(self):
         p = run("ls", os.path.join(TMP, "no-such-dir"))

@@ -237,6 +237,73 @@ static void check_full(const char *dir, uint64_t step)
 	ckpt_reader_close(r);
 }
 
+/* Per-save reasons: each host's index keeps its own, the commit record
+ * (built by a coordinator) takes the lowest host's that has one, and
+ * ckpt_list / ckpt_reader_stats report it; a step saved without reasons
+ * reports unspecified. */
+START_TEST(test_reasons)
+{
+	static const int32_t why1[NH] = {CKPT_REASON_UNSPECIFIED,
+					 CKPT_REASON_MAINTENANCE,
+					 CKPT_REASON_PREEMPTED};
+	const char *dir = tu_tmpdir();
+	ckpt *c[NH];
+	for (uint32_t h = 0; h < NH; h++) {
+		c[h] = open_host(dir, h, NH);
+		tu_set set;
+		host_set(&set, h, 1);
+		ckpt_tensor *v = calloc(set.n, sizeof(*v));
+		ck_assert_ptr_nonnull(v);
+		tu_set_view(&set, v);
+		ckpt_save_opts o;
+		ckpt_save_opts_default(&o);
+		o.reason = why1[h];
+		ck_assert_int_eq(ckpt_save_ex(c[h], 1, v, set.n, &o), 0);
+		ck_assert_int_eq(ckpt_wait(c[h]), 0);
+		free(v);
+		tu_set_free(&set);
+		save_host(c[h], h, 2); /* no reason */
+	}
+	static const char *const in_index[NH] = {NULL, "\"maintenance\"",
+						 "\"preempted\""};
+	for (uint32_t h = 0; h < NH; h++) {
+		char *p = tu_path("%s/step-%020d/h%05u.index", dir, 1, h);
+		uint8_t *b;
+		size_t len;
+		ck_assert_int_eq(tu_read_file(p, &b, &len), 0);
+		void *at = memmem(b, len, "\"reason\"", 8);
+		if (in_index[h])
+			ck_assert_msg(at && memmem(b, len, in_index[h],
+						   strlen(in_index[h])),
+				      "host %u's index lacks %s", h,
+				      in_index[h]);
+		else
+			ck_assert_msg(!at, "host %u's index has a reason", h);
+		free(b);
+		free(p);
+	}
+	ckpt *co = open_coordinator(dir, NH);
+	ck_assert_int_eq(ckpt_commit(co, 1), 0);
+	ck_assert_int_eq(ckpt_commit(co, 2), 0);
+	ckpt_step_info *li;
+	size_t n;
+	ck_assert_int_eq(ckpt_list(co, &li, &n), 0);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_int_eq(li[0].reason, CKPT_REASON_MAINTENANCE);
+	ck_assert_int_eq(li[1].reason, CKPT_REASON_UNSPECIFIED);
+	ckpt_free(li);
+	ckpt_reader *r = NULL;
+	ckpt_stats st;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 1, NULL), 0);
+	ck_assert_int_eq(ckpt_reader_stats(r, &st), 0);
+	ck_assert_int_eq(st.reason, CKPT_REASON_MAINTENANCE);
+	ckpt_reader_close(r);
+	for (uint32_t h = 0; h < NH; h++)
+		ck_assert_int_eq(ckpt_close(c[h]), 0);
+	ck_assert_int_eq(ckpt_close(co), 0);
+}
+END_TEST
+
 START_TEST(test_three_hosts)
 {
 	const char *dir = tu_tmpdir();
@@ -562,6 +629,7 @@ int main(void)
 	Suite *s = suite_create("multihost");
 	TCase *tc = tu_tcase("multihost", 120);
 	tcase_add_test(tc, test_three_hosts);
+	tcase_add_test(tc, test_reasons);
 	tcase_add_test(tc, test_concurrent_hosts);
 	tcase_add_test(tc, test_two_coordinators);
 	tcase_add_test(tc, test_manual_commit);

@@ -548,6 +548,13 @@ void cli_files_total(const ckpt_reader *r, size_t *nfiles, uint64_t *bytes)
 			*bytes += fi.size;
 }
 
+const char *cli_reason_name(int reason)
+{
+	const char *n = ckpt_reason_name(reason);
+
+	return n ? n : "unspecified";
+}
+
 const char *cli_kind_name(int kind)
 {
 	switch (kind) {

@@ -129,6 +129,8 @@ int cli_open_reader(const cli_location *l, uint64_t step, ckpt_reader **out);
 /* Number and total size of the files the step's commit record lists. */
 void cli_files_total(const ckpt_reader *r, size_t *nfiles, uint64_t *bytes);
 const char *cli_kind_name(int kind);
+/* ckpt_reason_name, "unspecified" for a number this build does not know. */
+const char *cli_reason_name(int reason);
 
 /* ---- Formatting (into the caller's buffer, which is returned) ---- */
 

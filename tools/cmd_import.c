@@ -43,6 +43,9 @@ static const char help_import[] =
 	"                                (default 1)\n"
 	"  -C, --chunk BYTES             chunk size, e.g. 4M (64K..64M, multiple\n"
 	"                                of 4096; default 4M)\n"
+	"  -r, --reason REASON           why the step is saved, kept in its commit\n"
+	"                                record: periodic, maintenance, preempted,\n"
+	"                                sigterm, manual or requested\n"
 	"  -j, --json                    print a machine-readable summary\n"
 	"  -h, --help                    show this help\n"
 	"\n"
@@ -110,6 +113,7 @@ static int cmd_import(int argc, char **argv)
 		{ "codec", required_argument, NULL, 'c' },
 		{ "level", required_argument, NULL, 'l' },
 		{ "chunk", required_argument, NULL, 'C' },
+		{ "reason", required_argument, NULL, 'r' },
 		CLI_COMMON_OPTS,
 		{ NULL, 0, NULL, 0 }
 	};
@@ -117,6 +121,8 @@ static int cmd_import(int argc, char **argv)
 	int c, st, json = 0, rc, ret = 1, codec = -1, have_level = 0,
 		   thread_started = 0;
 	int64_t level = 0;
+	int reason = CKPT_REASON_UNSPECIFIED;
+	ckpt_save_opts so;
 	uint64_t chunk = 0, stream = 0, total = 0, step;
 	cli_location loc = { 0 };
 	st_file f;
@@ -129,7 +135,7 @@ static int cmd_import(int argc, char **argv)
 	poll_ctx pc;
 	pthread_t th;
 
-	while ((c = cli_getopt(argc, argv, ":c:l:C:jh", opts, help_import,
+	while ((c = cli_getopt(argc, argv, ":c:l:C:r:jh", opts, help_import,
 			       &json, &st)) != -1) {
 		switch (c) {
 		case 'c':
@@ -153,6 +159,14 @@ static int cmd_import(int argc, char **argv)
 			if (cli_parse_u64(optarg, &chunk, 1) || chunk == 0 ||
 			    chunk > UINT32_MAX)
 				return cli_usage("bad --chunk '%s'", optarg);
+			break;
+		case 'r':
+			for (reason = CKPT_REASON_COUNT - 1; reason > 0;
+			     reason--)
+				if (!strcmp(optarg, ckpt_reason_name(reason)))
+					break;
+			if (reason == 0)
+				return cli_usage("unknown reason '%s'", optarg);
 			break;
 		case CLI_OPT_EXIT:
 			return st;
@@ -231,7 +245,9 @@ static int cmd_import(int argc, char **argv)
 		thread_started = pthread_create(&th, NULL, poll_thread, &pc) ==
 				 0;
 	}
-	rc = ckpt_save(h, step, ts, f.count);
+	ckpt_save_opts_default(&so);
+	so.reason = reason;
+	rc = ckpt_save_ex(h, step, ts, f.count, &so);
 	if (rc == 0)
 		rc = ckpt_wait(h);
 	if (thread_started)

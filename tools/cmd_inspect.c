@@ -73,6 +73,8 @@ static int cmd_inspect(int argc, char **argv)
 		cli_jset(root, "time",
 			 cli_jstr(cli_fmt_time(ckpt_reader_commit_time(r), t,
 					       sizeof(t))));
+		cli_jset(root, "reason",
+			 cli_jstr(cli_reason_name(stats.reason)));
 		cli_jset(root, "tensor_count", cli_ju64(nt));
 		cli_jset(root, "raw_bytes", cli_ju64(stats.raw_bytes));
 		cli_jset(root, "stored_bytes", cli_ju64(stats.stored_bytes));
@@ -170,6 +172,7 @@ static int cmd_inspect(int argc, char **argv)
 		       st_escape(loc.path, esc, sizeof(esc)));
 		printf("  committed  %s\n",
 		       cli_fmt_time(ckpt_reader_commit_time(r), t, sizeof(t)));
+		printf("  reason     %s\n", cli_reason_name(stats.reason));
 		printf("  hosts      %u\n", ckpt_reader_host_count(r));
 		printf("  tensors    %zu\n", nt);
 		printf("  raw        %s\n",

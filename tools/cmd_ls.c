@@ -83,6 +83,8 @@ static int cmd_ls(int argc, char **argv)
 			cli_jset(o, "time",
 				 cli_jstr(cli_fmt_time(s->commit_unix_ns, t,
 						       sizeof(t))));
+			cli_jset(o, "reason",
+				 cli_jstr(cli_reason_name(s->reason)));
 			cli_jset(o, "latest",
 				 json_boolean(have_latest &&
 					      s->step == latest));
@@ -93,20 +95,23 @@ static int cmd_ls(int argc, char **argv)
 	} else if (n == 0) {
 		printf("no committed steps in %s\n", loc.path);
 	} else {
-		printf("%-22s %5s %8s %11s %11s %8s  %s\n", "STEP", "HOSTS",
-		       "TENSORS", "RAW", "STORED", "RATIO", "TIME (UTC)");
+		printf("%-22s %5s %8s %11s %11s %8s  %-20s  %s\n", "STEP",
+		       "HOSTS", "TENSORS", "RAW", "STORED", "RATIO",
+		       "TIME (UTC)", "REASON");
 		for (size_t i = 0; i < n; i++) {
 			const ckpt_step_info *s = &steps[i];
 			char st[32], a[32], b[32], r[32], t[64];
 			snprintf(st, sizeof(st), "%" PRIu64 "%s", s->step,
 				 have_latest && s->step == latest ? " *" : "");
-			printf("%-22s %5u %8" PRIu64 " %11s %11s %8s  %s\n", st,
-			       s->host_count, s->tensor_count,
+			printf("%-22s %5u %8" PRIu64
+			       " %11s %11s %8s  %-20s  %s\n",
+			       st, s->host_count, s->tensor_count,
 			       cli_fmt_size(s->raw_bytes, a, sizeof(a)),
 			       cli_fmt_size(s->stored_bytes, b, sizeof(b)),
 			       cli_fmt_ratio(s->raw_bytes, s->stored_bytes, r,
 					     sizeof(r)),
-			       cli_fmt_time(s->commit_unix_ns, t, sizeof(t)));
+			       cli_fmt_time(s->commit_unix_ns, t, sizeof(t)),
+			       cli_reason_name(s->reason));
 		}
 		printf("%zu committed step%s; * = latest\n", n,
 		       n == 1 ? "" : "s");
