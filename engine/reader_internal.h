@@ -192,7 +192,7 @@ struct ckpt_reader {
 	struct io_uring ring;
 	int ring_state; /* 0 not tried, 1 ready, -1 unusable, -2 failed
 			   with reads in flight (exit at close) */
-	struct { /* which paths the pipeline took (tests) */
+	struct {        /* which paths the pipeline took (tests) */
 		atomic_ullong uring_reads, pread_reads, direct_files,
 			uring_fallbacks;
 	} io_st;

@@ -503,8 +503,8 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 		}
 	}
 	if (r->ring_state == 0 && !(r->flags & CKPT_F_NO_URING)) {
-		r->ring_state = eng_uring_queue_init(r->qd, &r->ring, 0) == 0
-					? 1 : -1;
+		r->ring_state =
+			eng_uring_queue_init(r->qd, &r->ring, 0) == 0 ? 1 : -1;
 		if (r->ring_state < 0)
 			rd_count(&r->io_st.uring_fallbacks, 1);
 	}
