@@ -126,6 +126,10 @@ void *eng_worker_main(void *arg)
 		b->next = NULL;
 		failed = b->job->status != 0;
 		pthread_mutex_unlock(&c->mu);
+		/* A context that could not be made at startup is retried,
+		 * so a passing memory shortage does not fail every save. */
+		if (!failed && b->job->codec != CKPT_CODEC_NONE && !cx)
+			cx = fmt_codec_ctx_new();
 		if (failed) {
 			eng_buf_release(c, b);
 		} else if (b->job->codec != CKPT_CODEC_NONE && !cx) {

@@ -169,9 +169,18 @@ int eng_scan_steps(const char *root, eng_step_ent **out, size_t *count,
 	r = loc_list_steps(l, out, count, errbuf);
 	for (i = 0; r == 0 && i < *count; i++) {
 		fmt_commit cm;
+		int lr = loc_load_commit(l, (*out)[i].step, &cm, NULL);
 
-		(*out)[i].committed =
-			loc_load_commit(l, (*out)[i].step, &cm, NULL) == 0;
+		/* Out of memory says nothing about the step: taking it for
+		 * uncommitted would let gc remove it as debris. */
+		if (lr == -ENOMEM) {
+			r = eng_err(errbuf, lr, "%s: out of memory", l->where);
+			free(*out);
+			*out = NULL;
+			*count = 0;
+			break;
+		}
+		(*out)[i].committed = lr == 0;
 		if ((*out)[i].committed)
 			fmt_commit_free(&cm);
 	}
@@ -190,11 +199,17 @@ static int loc_resolve_latest(eng_loc *l, uint64_t *step, char *errbuf)
 	for (i = n; i-- > 0;) {
 		fmt_commit cm;
 
-		if (loc_load_commit(l, v[i].step, &cm, NULL) == 0) {
+		r = loc_load_commit(l, v[i].step, &cm, NULL);
+		if (r == 0) {
 			fmt_commit_free(&cm);
 			*step = v[i].step;
 			free(v);
 			return 0;
+		}
+		if (r == -ENOMEM) { /* not "no committed step" */
+			free(v);
+			return eng_err(errbuf, r, "%s: out of memory",
+				       l->where);
 		}
 	}
 	free(v);

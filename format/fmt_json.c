@@ -6,6 +6,7 @@
  * with a message naming the document, the entry and the key.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +270,37 @@ int fmt_jr_header(fmt_jrd *r, json_t *root, const char *kind)
 	return 0;
 }
 
+/*
+ * jansson reports some allocation failures as syntax errors ("string or
+ * '}' expected"), others with no error text, and some not at all (its
+ * lexer drops a byte it cannot store: a string comes back one byte
+ * short). Its allocations go through a wrapper that notes a failure in
+ * the calling thread, so that fmt_jr_load() tells -ENOMEM from a bad
+ * document. The wrapper chains to the functions installed before
+ * (malloc and free unless the application set others), so blocks stay
+ * compatible with them.
+ */
+static json_malloc_t json_prev_malloc;
+static _Thread_local int json_alloc_failed;
+static pthread_once_t json_hook_once = PTHREAD_ONCE_INIT;
+
+static void *json_malloc_noted(size_t n)
+{
+	void *p = json_prev_malloc(n);
+
+	if (!p)
+		json_alloc_failed = 1;
+	return p;
+}
+
+static void json_hook_install(void)
+{
+	json_free_t prev_free;
+
+	json_get_alloc_funcs(&json_prev_malloc, &prev_free);
+	json_set_alloc_funcs(json_malloc_noted, prev_free);
+}
+
 int fmt_jr_load(fmt_jrd *r, int kind, const uint8_t *file, size_t file_len,
 		json_t **root)
 {
@@ -282,7 +314,20 @@ int fmt_jr_load(fmt_jrd *r, int kind, const uint8_t *file, size_t file_len,
 			     r->errlen);
 	if (rc)
 		return rc;
+	pthread_once(&json_hook_once, json_hook_install);
+	json_alloc_failed = 0;
+	memset(&je, 0, sizeof(je));
 	*root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	/* after any failed allocation even a returned document is suspect */
+	if (*root && json_alloc_failed) {
+		json_decref(*root);
+		*root = NULL;
+	}
+	if (!*root && (json_alloc_failed ||
+		       json_error_code(&je) == json_error_out_of_memory ||
+		       !je.text[0]))
+		return fmt_fail(r->err, r->errlen, -ENOMEM,
+				"%s: out of memory parsing JSON", r->doc);
 	if (!*root)
 		return fmt_jr_bad(r, "JSON error at line %d column %d: %s",
 				  je.line, je.column, je.text);
