@@ -9,12 +9,14 @@ removed unless --data-dir was given).
 
     python3 tests/servers/fake_gcs.py --port-file P --bucket ckpt \
         [--data-dir D] [--fault-rate 0.1 --fault-seed 7] [--rate-limit]
-        [--hash-headers joined|split] [--verbose]
+        [--hash-headers joined|split] [--no-md5] [--verbose]
 
-Data path: request bodies are streamed in 1 MiB pieces from the socket
-straight into a file under the data directory (hashed on the way: MD5 by
-hashlib in a helper thread, CRC32C by ISA-L), downloads go out with
-sendfile(2) from the object's file; nothing is held whole in memory.
+Data path: request bodies are read from the socket in pieces of up to 4 MiB
+into one buffer per connection and written straight into a file under the
+data directory (hashed on the way: MD5 by hashlib in a helper thread, CRC32C
+by ISA-L; both drop the GIL, so streams hash in parallel), downloads go out
+with sendfile(2) from the object's file; nothing is held whole in memory.
+Its own ceiling on loopback: bench/gcs_ceiling.sh.
 
   client --PUT/POST--> Body.readinto --> file in DATA/uploads --rename-->
   DATA/objects/GEN-x (immutable) --sendfile--> client (GET ?alt=media)
@@ -62,6 +64,11 @@ What it implements (as Cloud Storage does; differences are marked FAKE):
   ifGenerationNotMatch, ifMetagenerationMatch, ifMetagenerationNotMatch, and
   ifSource* on copy/rewrite: 412 conditionNotMet; on reads the NotMatch forms
   give 304 with no body. 404 notFound for missing objects and buckets.
+- --no-md5: FAKE, test-only, for benchmarks: MD5 (the server's costliest
+  step, a few hundred MB/s per stream) is not computed: objects carry no
+  md5Hash and downloads no md5= in x-goog-hash, exactly as the service
+  does for composite objects (clients then validate with crc32c), and an
+  MD5 given by the client is not checked. CRC32C is still checked.
 - --rate-limit: FAKE opt-in: a second write to one object name within 1 s is
   429 rateLimitExceeded (the service's documented limit, enforced loosely
   there; off by default).
@@ -122,7 +129,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gcs_faults import RandomFaults, RetryTests  # noqa: E402
-from gcs_hash import b64_crc  # noqa: E402
+from gcs_hash import Hasher, b64_crc  # noqa: E402
 from gcs_store import GcsError, Store, bad_request  # noqa: E402
 from gcs_upload import PIECE, UploadMixin  # noqa: E402
 
@@ -765,6 +772,9 @@ def main():
     ap.add_argument("--rate-limit", action="store_true")
     ap.add_argument("--hash-headers", choices=("joined", "split"),
                     default="joined")
+    ap.add_argument("--no-md5", action="store_true",
+                    help="test-only (benchmarks): no MD5, objects carry "
+                    "crc32c only, like composite objects")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
 
@@ -774,6 +784,7 @@ def main():
         tmpdir = data = tempfile.mkdtemp(prefix="fake-gcs-",
                                          dir=os.environ.get("TMPDIR",
                                                             "/var/tmp"))
+    Hasher.with_md5 = not a.no_md5
     srv = Server((a.host, a.port), Handler)
     srv.verbose = a.verbose
     srv.store = Store(data, a.rate_limit)

@@ -127,13 +127,18 @@ class Hasher:
     pieces of 64 KiB and more are hashed by a helper thread while the
     handler goes on reading the socket (hashlib drops the GIL): the two
     overlap on two cores. sync() waits for it; every MD5 read syncs.
+
+    with_md5 = False (the server's test-only --no-md5, for benchmarks)
+    makes every Hasher compute CRC32C alone: md5_b64() is then None and
+    the object carries no md5Hash, as a composite object on the service.
     """
 
     PIPELINE_MIN = 64 * 1024
+    with_md5 = True
 
     def __init__(self):
         self.raw = 0xFFFFFFFF
-        self._md5 = hashlib.md5()
+        self._md5 = hashlib.md5() if self.with_md5 else None
         self.size = 0
         self.mark = None  # (size, raw, md5 copy) at the last quantum
         self._q = None
@@ -170,6 +175,10 @@ class Hasher:
         self.raw = _raw_update(self.raw, buf)
         self.size += len(buf)
         m = (self.size, self.raw) if mark else None
+        if self._md5 is None:
+            if m is not None:
+                self.mark = (m[0], m[1], None)
+            return
         if self._q is not None or len(buf) >= self.PIPELINE_MIN:
             self._send(bytes(buf), m)
         else:
@@ -203,7 +212,7 @@ class Hasher:
         if mark is None or mark[0] != size:
             return False
         self.size, self.raw, md5 = mark
-        self._md5 = md5.copy()
+        self._md5 = md5.copy() if md5 is not None else None
         return True
 
     @property
@@ -218,7 +227,9 @@ class Hasher:
         return b64_crc(self.crc())
 
     def md5_b64(self):
-        return b64_md5(self.md5.digest())
+        """Base64 MD5, or None when MD5 is off (--no-md5)."""
+        md5 = self.md5
+        return None if md5 is None else b64_md5(md5.digest())
 
 
 def parse_goog_hash(values):
