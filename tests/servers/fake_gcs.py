@@ -11,7 +11,7 @@ removed unless --data-dir was given).
         [--data-dir D] [--fault-rate 0.1 --fault-seed 7] [--rate-limit]
         [--hash-headers joined|split] [--no-md5] [--verbose]
 
-Data path: request bodies are read from the socket in pieces of up to 4 MiB
+Data path: request bodies are read from the socket in pieces of up to 1 MiB
 into one buffer per connection and written straight into a file under the
 data directory (hashed on the way: MD5 by hashlib in a helper thread, CRC32C
 by ISA-L; both drop the GIL, so streams hash in parallel), downloads go out

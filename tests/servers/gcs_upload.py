@@ -2,7 +2,7 @@
 
 uploadType=media, multipart and resumable; the wire semantics are listed at
 the top of fake_gcs.py. Bodies are streamed to a file in pieces of up to
-4 MiB (socket reads into a buffer kept per connection) and hashed on the
+1 MiB (socket reads into a buffer kept per connection) and hashed on the
 way; a resumable session appends to its own file, hashing
 with marks at each 256 KiB boundary so that a piece cut short (fault or
 client gone) is rolled back to whole quanta without re-reading the file.
@@ -23,7 +23,7 @@ from gcs_store import (QUANTUM, GcsError, bad_request, check_preconditions,
                        md5_of, quote_name)
 
 PIECE = 1 << 20
-RECV_BUF = 4 << 20  # one socket read: few Python steps per GiB
+RECV_BUF = 1 << 20  # 4 MiB measured worse: no longer stays in cache
 
 
 def parse_content_range(value):
