@@ -593,12 +593,25 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	r = job->status;
 	if (r == 0) {
 		c->state = CKPT_STATE_WRITING;
-	} else {
-		job->reported = 1;
-		eng_err(c->errmsg, r, "%s", job->msg);
+		pthread_mutex_unlock(&c->mu);
+		eng_writer_wake(c);
+		return 0;
 	}
+	/* The save failed while we copied. Return only once the writer has
+	 * finished with it (partial output removed), so that a failed
+	 * ckpt_save() is over: the caller may save again at once instead of
+	 * racing the clean-up into CKPT_E_BUSY. The first failure's message
+	 * does not change; copy it before the job can be replaced. */
+	job->reported = 1;
+	char msg[ENG_ERRMSG_MAX];
+	memcpy(msg, job->msg, sizeof(msg));
 	pthread_mutex_unlock(&c->mu);
 	eng_writer_wake(c);
+	pthread_mutex_lock(&c->mu);
+	while (c->busy)
+		pthread_cond_wait(&c->done_cv, &c->mu);
+	eng_err(c->errmsg, r, "%s", msg);
+	pthread_mutex_unlock(&c->mu);
 	return r;
 
 unlock_fail:

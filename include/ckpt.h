@@ -297,7 +297,9 @@ typedef struct ckpt_tensor {
  * CKPT_E_BUSY (a save is in flight), CKPT_E_EXISTS (step committed),
  * CKPT_E_PREVIOUS (an earlier save failed and its status was never
  * collected: that status is consumed by this call), or a background error
- * that happened while the copy was still running.
+ * that happened while the copy was still running. A save that fails is
+ * over when ckpt_save() returns (its partial output is gone), so the
+ * caller may retry at once.
  */
 CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 		       size_t count);
