@@ -4,9 +4,8 @@
  *
  * Design note. A root is named by a string everywhere in the engine (the
  * handle keeps what ckpt_open was given); a location is opened from it per
- * operation, which costs one small allocation for POSIX. The Cloud Storage
- * backend plugs in here in the next issue; until then a gs:// root fails
- * with -EPROTONOSUPPORT and a message saying that backend is not built.
+ * operation, which costs one small allocation for POSIX and one client
+ * (no connection yet) for Cloud Storage (backend_gcs.c).
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -69,17 +68,27 @@ int eng_loc_open(const char *where, eng_loc **out, char *errbuf)
 	*out = NULL;
 	if (kind < 0)
 		return kind;
-	if (kind == ENG_LOC_GCS) {
+	l = calloc(1, sizeof(*l));
+	if (!l) {
 		free(bucket);
 		free(prefix);
-		return eng_err(errbuf, -EPROTONOSUPPORT,
-			       "%s: the Cloud Storage backend is not built "
-			       "yet",
-			       where);
-	}
-	l = calloc(1, sizeof(*l));
-	if (!l)
 		return eng_err(errbuf, -ENOMEM, "out of memory");
+	}
+	if (kind == ENG_LOC_GCS) {
+		int r;
+
+		l->bucket = bucket;
+		l->prefix = prefix;
+		l->where = strdup(where);
+		r = l->where ? eng_gcs_loc_init(l, errbuf) :
+			       eng_err(errbuf, -ENOMEM, "out of memory");
+		if (r < 0) {
+			eng_loc_close(l);
+			return r;
+		}
+		*out = l;
+		return 0;
+	}
 	l->be = &eng_backend_posix;
 	l->where = strdup(where);
 	l->dir = strdup(where);
@@ -95,6 +104,8 @@ void eng_loc_close(eng_loc *l)
 {
 	if (!l)
 		return;
+	if (l->priv)
+		eng_gcs_loc_fini(l);
 	free(l->where);
 	free(l->dir);
 	free(l->bucket);

@@ -13,7 +13,7 @@
  *       |  eng_loc_open("DIR" | "gs://BUCKET/PREFIX")
  *       v
  *   eng_backend vtable --> backend_posix.c --> eng_io table (faults) --> OS
- *                      \-> (next issue) backend_gcs.c --> JSON API
+ *                      \-> backend_gcs.c --> gcs/ client --> JSON API
  *
  * Operations and their object-store meaning:
  *   list        names directly under a prefix (objects and sub-prefixes,
@@ -98,6 +98,7 @@ struct eng_loc {
 	char *dir;    /* POSIX: the root directory */
 	char *bucket; /* objects: bucket and prefix ("" or ending in '/') */
 	char *prefix;
+	void *priv; /* the backend's own state (gcs: its client) */
 };
 
 /* Kinds of location eng_loc_parse() recognizes. */
@@ -110,8 +111,8 @@ enum { ENG_LOC_POSIX = 1, ENG_LOC_GCS = 2 };
  */
 int eng_loc_parse(const char *where, char **bucket, char **prefix,
 		  char *errbuf);
-/* A location handle; the Cloud Storage backend is not built yet:
- * -EPROTONOSUPPORT with a message saying so. */
+/* A location handle: POSIX for a directory, Cloud Storage (one gcs
+ * client per handle, backend_gcs.c) for gs://BUCKET/PREFIX. */
 int eng_loc_open(const char *where, eng_loc **out, char *errbuf);
 void eng_loc_close(eng_loc *l);
 /* 0 if a backend serves `where`, else eng_loc_open's code and message
@@ -119,6 +120,19 @@ void eng_loc_close(eng_loc *l);
 int eng_loc_check(const char *where);
 
 extern const eng_backend eng_backend_posix;
+extern const eng_backend eng_backend_gcs;
+
+/* backend_gcs.c: attach a client to a parsed gs:// location (sets be and
+ * priv) and release it; the client's codes as engine codes (412
+ * CKPT_E_EXISTS, bad crc32c CKPT_E_CORRUPT, other library codes -EIO);
+ * parallel streams (CKPT_GCS_STREAMS, default 8). */
+struct gcs_client;
+int eng_gcs_loc_init(eng_loc *l, char *errbuf);
+void eng_gcs_loc_fini(eng_loc *l);
+int eng_gcs_code(int r);
+unsigned eng_gcs_streams(void);
+int eng_gcs_client_new(struct gcs_client **out, const char *where,
+		       char *errbuf);
 
 /* A unique temporary name for `name` in its directory (POSIX backend and
  * reader copies): NAME.<pid>-<random>.tmp. malloc'd, NULL on ENOMEM. */

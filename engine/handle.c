@@ -260,6 +260,12 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	r = eng_loc_check(c->root);
 	if (r < 0)
 		goto fail;
+	if (!strncmp(c->root, "gs://", 5)) { /* until the upload sink */
+		r = eng_err(NULL, -EPROTONOSUPPORT,
+			    "%s: saving to Cloud Storage is not built yet",
+			    c->root);
+		goto fail;
+	}
 	r = mkdir_p(c->root);
 	if (r < 0) {
 		eng_err(NULL, r, "%s: cannot create directory: %s", c->root,
