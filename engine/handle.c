@@ -260,13 +260,14 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	r = eng_loc_check(c->root);
 	if (r < 0)
 		goto fail;
-	if (!strncmp(c->root, "gs://", 5)) { /* until the upload sink */
+	if (!strncmp(c->root, "gs://", 5) && c->s.staging_bytes > 0) {
+		/* until the upload sink; staging_bytes 0 lists, gc's */
 		r = eng_err(NULL, -EPROTONOSUPPORT,
 			    "%s: saving to Cloud Storage is not built yet",
 			    c->root);
 		goto fail;
 	}
-	r = mkdir_p(c->root);
+	r = strncmp(c->root, "gs://", 5) ? mkdir_p(c->root) : 0;
 	if (r < 0) {
 		eng_err(NULL, r, "%s: cannot create directory: %s", c->root,
 			ckpt_strerror(r));

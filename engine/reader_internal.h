@@ -9,7 +9,11 @@
  *   reader_plan.c      target geometry, request planning, ckpt_read*
  *   reader_pipeline.c  fd cache, buffer pool, io_uring submit/reap,
  *                      chunk-checking worker threads
- *   reader_verify.c    ckpt_reader_verify, ckpt_reader_copy
+ *   reader_gcs.c       the gs:// range source: ranged GETs on the
+ *                      reader's Cloud Storage client, several in flight,
+ *                      neighbouring chunks merged into one request
+ *   reader_verify.c    ckpt_reader_verify
+ *   reader_copy.c      ckpt_reader_copy (DIR or gs:// to DIR or gs://)
  *
  * open and plan use the pipeline; verify uses the pipeline and open's
  * lookups; the pipeline uses only the geometry helpers of plan and the
@@ -27,8 +31,11 @@
  * touch (jobs):
  *
  *   requests --plan--> targets --> jobs (chunks, in file order)
- *      calling thread: fd cache -> io_uring reads (<= queue_depth in
- *      flight) into a bounded pool of aligned buffers
+ *      calling thread, one of two range sources:
+ *        DIR:   fd cache -> io_uring reads (<= queue_depth in flight)
+ *        gs://: ranged GETs (<= CKPT_GCS_STREAMS in flight, adjacent
+ *               chunks of a file merged up to RD_SPAN_MAX per request)
+ *      into a bounded pool of aligned buffers
  *      worker threads: chunk header vs index, decode, XXH3 of the raw
  *      bytes, copy into every destination row the chunk overlaps
  *
@@ -67,6 +74,7 @@ struct rd_file { /* a shard file listed in COMMIT */
 	int fd;           /* -1 until first needed */
 	int direct;
 	int mapped;       /* claimed by the host's index */
+	int checked;      /* gs://: object size compared with COMMIT */
 	uint32_t inflight;
 };
 
@@ -197,6 +205,12 @@ struct ckpt_reader {
 			uring_fallbacks;
 	} io_st;
 
+	/* gs:// roots: the location (its client does every ranged read, on
+	 * the calling thread) and the merge buffers of reader_gcs.c */
+	eng_loc *loc;
+	uint8_t **spans;
+	size_t nspans, spancap;
+
 	/* last chunk decoded by a one-chunk read: reads of neighbouring small
 	 * tensors (which share chunks) are then served without I/O */
 	uint8_t *cache;
@@ -257,5 +271,34 @@ void rd_batch_free(struct rd_batch *b);
  * only frees (the threads are the parent's). Frees the buffer pool. */
 void rd_stop_workers(ckpt_reader *r, int in_child);
 void rd_free_bufs(ckpt_reader *r);
+
+/* Shared by the two range sources (reader_pipeline.c): a pool buffer
+ * (NULL with *err = 0 when all are in use), giving one back, a job whose
+ * read failed (rd_io_msg builds its message: file, offset, tensor, what),
+ * a job whose bytes are all in j->buf, and whether a job still feeds a
+ * live request. */
+uint8_t *rd_buf_get(ckpt_reader *r, int *err);
+void rd_buf_put(ckpt_reader *r, uint8_t *b);
+void rd_job_abort(ckpt_reader *r, struct rd_batch *b, struct rd_job *j,
+		  int code, const char *msg);
+void rd_io_msg(const ckpt_reader *r, const struct rd_batch *b,
+	       const struct rd_job *j, char *msg, size_t len, const char *what);
+void rd_complete(ckpt_reader *r, struct rd_batch *b, struct rd_job *j);
+int rd_job_dead(ckpt_reader *r, struct rd_batch *b, const struct rd_job *j);
+/* Waits until a worker gives a buffer back or nothing is busy; returns 1
+ * when the batch is over (stopped or every job issued, workers idle). */
+int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next);
+
+/* ---- gs:// range source (reader_gcs.c) ---------------------------- */
+
+/* Runs b's jobs through ranged GETs; returns when every job was issued
+ * (or the batch stopped) and no request is in flight. */
+void rd_gcs_run(ckpt_reader *r, struct rd_batch *b);
+/* Frees the merge buffers. */
+void rd_gcs_free(ckpt_reader *r);
+/* A small document of the step (COMMIT, an index) through the reader's
+ * location: eng_get_doc's contract. */
+int rd_get_doc(ckpt_reader *r, const char *name, uint64_t max_len,
+	       uint8_t **out, size_t *len, char *err);
 
 #endif /* CKPT_ENGINE_READER_INTERNAL_H */

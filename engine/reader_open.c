@@ -222,7 +222,7 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 		return eng_err(r->errmsg, CKPT_E_CORRUPT,
 			       "%s/%s: the commit record says %llu bytes",
 			       r->dname, iname, (ull)ie->size);
-	rc = eng_get_doc(r->root, r->dname, iname, ie->size, &buf, &len, err);
+	rc = rd_get_doc(r, iname, ie->size, &buf, &len, err);
 	if (rc == -ENOENT) {
 		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
 			     "%s/%s: missing (listed in %s)", r->dname, iname,
@@ -470,7 +470,7 @@ static int rd_load_commit(ckpt_reader *r)
 	size_t len = 0;
 	int rc;
 
-	rc = eng_get_doc(r->root, r->dname, FMT_COMMIT_NAME,
+	rc = rd_get_doc(r, FMT_COMMIT_NAME,
 			 FMT_MAX_META_BYTES + FMT_META_HDR_SIZE, &buf, &len,
 			 err);
 	if (rc == -ENOENT || rc == -ENOTDIR) {
@@ -623,6 +623,13 @@ CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
 		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
 		goto fail;
 	}
+	if (!strncmp(dir, "gs://", 5)) {
+		/* one client for every read of this reader */
+		rc = eng_loc_open(dir, &r->loc, r->errmsg);
+		if (rc < 0)
+			goto fail;
+		r->ring_state = -1; /* no io_uring: ranged GETs */
+	}
 	if (step == CKPT_LATEST) {
 		rc = eng_resolve_latest(dir, &step, r->errmsg);
 		if (rc < 0)
@@ -699,6 +706,8 @@ CKPT_API void ckpt_reader_close(ckpt_reader *r)
 	if (r->ring_state == 1 || r->ring_state == -2)
 		eng_uring_queue_exit(&r->ring);
 	rd_free_bufs(r);
+	rd_gcs_free(r);
+	eng_loc_close(r->loc);
 	free(r->cache);
 	for (size_t i = 0; i < r->nfiles; i++) {
 		if (r->files[i].fd >= 0)

@@ -214,8 +214,7 @@ void rd_fatal(ckpt_reader *r, struct rd_batch *b, int code, const char *msg)
 }
 
 /* 1 if every request fed by j already failed (reading it is pointless). */
-static int rd_job_dead(ckpt_reader *r, struct rd_batch *b,
-		       const struct rd_job *j)
+int rd_job_dead(ckpt_reader *r, struct rd_batch *b, const struct rd_job *j)
 {
 	int dead = 1;
 
@@ -249,9 +248,8 @@ static const char *rd_job_tensor(const ckpt_reader *r,
 			      ce->stream_offset + ce->raw_len);
 }
 
-static void rd_chunk_msg(const ckpt_reader *r, const struct rd_batch *b,
-			 const struct rd_job *j, char *msg, size_t len,
-			 const char *what)
+void rd_io_msg(const ckpt_reader *r, const struct rd_batch *b,
+	       const struct rd_job *j, char *msg, size_t len, const char *what)
 {
 	const char *tn = rd_job_tensor(r, b, j);
 
@@ -285,14 +283,14 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 	rc = fmt_chunk_hdr_decode(j->buf, FMT_CHUNK_HDR_SIZE, &h, err,
 				  sizeof(err));
 	if (rc < 0) {
-		rd_chunk_msg(r, b, j, msg, len, err);
+		rd_io_msg(r, b, j, msg, len, err);
 		return rc == CKPT_E_VERSION ? rc : CKPT_E_CORRUPT;
 	}
 	if (h.codec != ce->codec || h.elem_width != ce->elem_width ||
 	    h.raw_len != ce->raw_len || h.stored_len != ce->stored_len ||
 	    h.stream_offset != ce->stream_offset ||
 	    h.raw_xxh3 != ce->raw_xxh3) {
-		rd_chunk_msg(r, b, j, msg, len,
+		rd_io_msg(r, b, j, msg, len,
 			     "chunk header disagrees with the index");
 		return CKPT_E_CORRUPT;
 	}
@@ -305,7 +303,7 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 				uint8_t *nb = malloc(ce->raw_len);
 
 				if (!nb) {
-					rd_chunk_msg(r, b, j, msg, len,
+					rd_io_msg(r, b, j, msg, len,
 						     "out of memory");
 					return -ENOMEM;
 				}
@@ -318,7 +316,7 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 		if (!w->cc) {
 			w->cc = fmt_codec_ctx_new();
 			if (!w->cc) {
-				rd_chunk_msg(r, b, j, msg, len,
+				rd_io_msg(r, b, j, msg, len,
 					     "out of memory");
 				return -ENOMEM;
 			}
@@ -330,12 +328,12 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 		if (rc < 0) {
 			snprintf(what, sizeof(what), "chunk does not decode: %s",
 				 err);
-			rd_chunk_msg(r, b, j, msg, len, what);
+			rd_io_msg(r, b, j, msg, len, what);
 			return rc == -ENOMEM ? rc : CKPT_E_CORRUPT;
 		}
 	}
 	if (fmt_xxh3(out, ce->raw_len) != ce->raw_xxh3) {
-		rd_chunk_msg(r, b, j, msg, len, "chunk checksum mismatch");
+		rd_io_msg(r, b, j, msg, len, "chunk checksum mismatch");
 		return CKPT_E_CORRUPT;
 	}
 	*raw = out;
@@ -502,7 +500,7 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 			return -EAGAIN;
 		}
 	}
-	if (r->ring_state == 0 && !(r->flags & CKPT_F_NO_URING)) {
+	if (r->ring_state == 0 && !(r->flags & CKPT_F_NO_URING) && !r->loc) {
 		r->ring_state =
 			eng_uring_queue_init(r->qd, &r->ring, 0) == 0 ? 1 : -1;
 		if (r->ring_state < 0)
@@ -513,7 +511,7 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 
 /* A free buffer, a new one while under the cap, or NULL (*err set on
  * allocation failure with nothing to wait for). */
-static uint8_t *rd_buf_get(ckpt_reader *r, int *err)
+uint8_t *rd_buf_get(ckpt_reader *r, int *err)
 {
 	uint8_t *b = NULL;
 
@@ -534,7 +532,7 @@ static uint8_t *rd_buf_get(ckpt_reader *r, int *err)
 	return b;
 }
 
-static void rd_buf_put(ckpt_reader *r, uint8_t *b)
+void rd_buf_put(ckpt_reader *r, uint8_t *b)
 {
 	pthread_mutex_lock(&r->mu);
 	r->freeb[r->nfree++] = b;
@@ -554,8 +552,8 @@ static void rd_dispatch(ckpt_reader *r, struct rd_job *j, size_t idx)
 }
 
 /* A job whose read failed gives its buffer back and feeds nothing. */
-static void rd_job_abort(ckpt_reader *r, struct rd_batch *b,
-			 struct rd_job *j, int code, const char *msg)
+void rd_job_abort(ckpt_reader *r, struct rd_batch *b, struct rd_job *j,
+		  int code, const char *msg)
 {
 	rd_job_fail(r, b, j, code, msg);
 	if (j->buf) {
@@ -571,7 +569,7 @@ static void rd_io_fail(ckpt_reader *r, struct rd_batch *b, struct rd_job *j,
 	char msg[ENG_ERRMSG_MAX], what[128];
 
 	snprintf(what, sizeof(what), "read: %s", ckpt_strerror(code));
-	rd_chunk_msg(r, b, j, msg, sizeof(msg), what);
+	rd_io_msg(r, b, j, msg, sizeof(msg), what);
 	rd_job_abort(r, b, j, code, msg);
 }
 
@@ -611,7 +609,7 @@ static int rd_check_shard_hdr(ckpt_reader *r, struct rd_batch *b,
 
 /* A job's read is complete. Ordered batches advance their cursor: hash,
  * report progress, check the header or hand the chunk to a worker. */
-static void rd_complete(ckpt_reader *r, struct rd_batch *b, struct rd_job *j)
+void rd_complete(ckpt_reader *r, struct rd_batch *b, struct rd_job *j)
 {
 	j->ready = 1;
 	if (!b->ordered) {
@@ -699,7 +697,7 @@ static void rd_reap_one(ckpt_reader *r, struct rd_batch *b,
 
 		snprintf(what, sizeof(what), "file ends at %llu, inside the "
 			 "chunk", (ull)(j->off + j->done));
-		rd_chunk_msg(r, b, j, msg, sizeof(msg), what);
+		rd_io_msg(r, b, j, msg, sizeof(msg), what);
 		rd_job_abort(r, b, j, CKPT_E_CORRUPT, msg);
 		return;
 	}
@@ -729,43 +727,36 @@ static void rd_reap_one(ckpt_reader *r, struct rd_batch *b,
 	rd_complete(r, b, j);
 }
 
-int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
+int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next)
+{
+	pthread_mutex_lock(&r->mu);
+	if (b->stop || next >= b->njobs) {
+		while (r->busy > 0)
+			pthread_cond_wait(&r->cv_done, &r->mu);
+		pthread_mutex_unlock(&r->mu);
+		return 1;
+	}
+	while (r->nfree == 0 && r->nbufs >= r->maxbufs && r->busy > 0)
+		pthread_cond_wait(&r->cv_done, &r->mu);
+	if (r->nfree == 0 && r->nbufs >= r->maxbufs) {
+		/* nothing will free a buffer: cannot happen */
+		pthread_mutex_unlock(&r->mu);
+		rd_fatal(r, b, -EDEADLK, "reader: read pipeline stalled");
+		return 0;
+	}
+	pthread_mutex_unlock(&r->mu);
+	return 0;
+}
+
+/* The DIR range source: io_uring reads on the fd cache (or preads when
+ * the ring is unusable). Returns 1 when the ring died with reads in
+ * flight. */
+static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
+			unsigned depth)
 {
 	size_t next = 0, inflight = 0;
-	unsigned depth;
-	int use_ring, rc = 0, stop, ring_dead = 0;
+	int stop, ring_dead = 0;
 	char msg[ENG_ERRMSG_MAX];
-
-	if (b->njobs == 0)
-		return 0;
-	if (r->ring_state == -2) {
-		/* rd_prepare could free buffers the kernel still writes */
-		rd_fatal(r, b, -EIO, "reader: reads of an earlier batch are "
-			 "still in flight after an io_uring failure; close "
-			 "and reopen the reader");
-		return -EIO;
-	}
-	rc = 0;
-	{
-		uint64_t need = 0;
-
-		for (size_t i = 0; i < b->njobs; i++)
-			need = max_u64(need, b->jobs[i].len);
-		rc = rd_prepare(r, need);
-		if (rc < 0) {
-			snprintf(msg, sizeof(msg), "reader: cannot set up the "
-				 "read pipeline: %s", ckpt_strerror(rc));
-			rd_fatal(r, b, rc, msg);
-			return rc;
-		}
-	}
-	use_ring = r->ring_state == 1;
-	depth = r->qd;
-	if (depth > r->maxbufs)
-		depth = (unsigned)r->maxbufs;
-	pthread_mutex_lock(&r->mu);
-	r->batch = b;
-	pthread_mutex_unlock(&r->mu);
 
 	for (;;) {
 		pthread_mutex_lock(&r->mu);
@@ -824,24 +815,8 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 			pthread_mutex_unlock(&r->mu);
 		}
 		if (inflight == 0) {
-			pthread_mutex_lock(&r->mu);
-			if (b->stop || next >= b->njobs) {
-				while (r->busy > 0)
-					pthread_cond_wait(&r->cv_done, &r->mu);
-				pthread_mutex_unlock(&r->mu);
+			if (rd_wait_workers(r, b, next))
 				break;
-			}
-			while (r->nfree == 0 && r->nbufs >= r->maxbufs &&
-			       r->busy > 0)
-				pthread_cond_wait(&r->cv_done, &r->mu);
-			if (r->nfree == 0 && r->nbufs >= r->maxbufs) {
-				/* nothing will free a buffer: cannot happen */
-				pthread_mutex_unlock(&r->mu);
-				rd_fatal(r, b, -EDEADLK,
-					 "reader: read pipeline stalled");
-				continue;
-			}
-			pthread_mutex_unlock(&r->mu);
 			continue;
 		}
 		{
@@ -868,6 +843,50 @@ int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
 				 io_uring_peek_cqe(&r->ring, &cqe) == 0);
 		}
 	}
+	return ring_dead;
+}
+
+int rd_pipeline(ckpt_reader *r, struct rd_batch *b)
+{
+	unsigned depth;
+	int use_ring, rc = 0, ring_dead = 0;
+	char msg[ENG_ERRMSG_MAX];
+
+	if (b->njobs == 0)
+		return 0;
+	if (r->ring_state == -2) {
+		/* rd_prepare could free buffers the kernel still writes */
+		rd_fatal(r, b, -EIO, "reader: reads of an earlier batch are "
+			 "still in flight after an io_uring failure; close "
+			 "and reopen the reader");
+		return -EIO;
+	}
+	rc = 0;
+	{
+		uint64_t need = 0;
+
+		for (size_t i = 0; i < b->njobs; i++)
+			need = max_u64(need, b->jobs[i].len);
+		rc = rd_prepare(r, need);
+		if (rc < 0) {
+			snprintf(msg, sizeof(msg), "reader: cannot set up the "
+				 "read pipeline: %s", ckpt_strerror(rc));
+			rd_fatal(r, b, rc, msg);
+			return rc;
+		}
+	}
+	use_ring = r->ring_state == 1;
+	depth = r->qd;
+	if (depth > r->maxbufs)
+		depth = (unsigned)r->maxbufs;
+	pthread_mutex_lock(&r->mu);
+	r->batch = b;
+	pthread_mutex_unlock(&r->mu);
+	if (r->loc)
+		rd_gcs_run(r, b);
+	else
+		ring_dead = rd_uring_run(r, b, use_ring, depth);
+
 	if (ring_dead) {
 		/* reads may still land in their buffers: never reuse those,
 		 * nor the ring (both are freed by ckpt_reader_close) */

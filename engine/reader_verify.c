@@ -1,12 +1,11 @@
 /*
  * reader_verify.c - whole-step checks: ckpt_reader_verify (every file's
  * size and XXH3 and every chunk, each shard file read once through the
- * pipeline in file order) and ckpt_reader_copy (a verified copy into
- * another root, committed there last, like a save).
+ * pipeline in file order, from a directory or a gs:// location).
  *
- * Both report progress through the caller's callback, on the calling
- * thread, after each unit of work; a nonzero return cancels. The data path
- * is described in reader_internal.h.
+ * Progress goes through the caller's callback, on the calling thread,
+ * after each unit of work; a nonzero return cancels. The data path is
+ * described in reader_internal.h; ckpt_reader_copy is in reader_copy.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +16,6 @@
 #include <xxhash.h>
 
 #include "reader_internal.h"
-
-#define RD_COPY_BLOCK (8u << 20)
 
 /* ------------------------------------------------------------------ */
 /* Verify                                                             */
@@ -44,21 +41,15 @@ static int rd_progress(ckpt_reader *r, ckpt_progress_fn fn, void *arg,
 static int rd_verify_small(ckpt_reader *r, const char *name, uint64_t size,
 			   uint64_t xxh3)
 {
-	char *path = eng_path("%s/%s", r->stepdir, name);
 	char err[ENG_ERRMSG_MAX];
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	int rc;
 
-	if (!path)
-		return eng_err(r->errmsg, -ENOMEM, "out of memory");
-	rc = eng_read_file(path, size, &buf, &len, err);
+	rc = rd_get_doc(r, name, size, &buf, &len, err);
 	if (rc == -ENOENT)
 		rc = eng_err(r->errmsg, CKPT_E_CORRUPT, "%s/%s: missing",
 			     r->dname, name);
-	else if (rc == CKPT_E_CORRUPT)
-		rc = eng_err(r->errmsg, rc, "%s/%s: larger than the %llu "
-			     "bytes recorded", r->dname, name, (ull)size);
 	else if (rc < 0)
 		rc = eng_err(r->errmsg, rc, "%s", err);
 	else if (len != size)
@@ -70,7 +61,6 @@ static int rd_verify_small(ckpt_reader *r, const char *name, uint64_t size,
 			     "%s/%s offset 0: whole-file checksum mismatch",
 			     r->dname, name);
 	free(buf);
-	free(path);
 	return rc;
 }
 
@@ -87,7 +77,7 @@ static int rd_verify_shard(ckpt_reader *r, size_t fi, uint64_t *done,
 	int rc, fd;
 
 	memset(&b, 0, sizeof(b));
-	fd = rd_file_fd(r, fi, msg, sizeof(msg));
+	fd = r->loc ? 0 : rd_file_fd(r, fi, msg, sizeof(msg));
 	if (fd < 0)
 		return eng_err(r->errmsg, fd, "%s", msg);
 	for (size_t c = 0; c < ho->ix.nchunks; c++)
@@ -228,220 +218,4 @@ CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
 	}
 	r->errmsg[0] = 0;
 	return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Copy                                                               */
-/* ------------------------------------------------------------------ */
-
-static int rd_copy_file(ckpt_reader *r, const char *dstdir,
-			const fmt_file_entry *fe, uint8_t *buf,
-			uint64_t *done, uint64_t total, ckpt_progress_fn fn,
-			void *arg)
-{
-	char *src = eng_path("%s/%s", r->stepdir, fe->name);
-	char *tmp = eng_tmp_name(dstdir, fe->name);
-	char *dst = eng_path("%s/%s", dstdir, fe->name);
-	XXH3_state_t *hs = XXH3_createState();
-	int in = -1, outfd = -1, rc;
-	struct stat st;
-	uint64_t off = 0;
-
-	if (!src || !tmp || !dst || !hs) {
-		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
-		goto out;
-	}
-	in = eng_open(src, O_RDONLY, 0);
-	if (in < 0) {
-		rc = in == -ENOENT
-			     ? eng_err(r->errmsg, CKPT_E_CORRUPT,
-				       "%s/%s: missing", r->dname, fe->name)
-			     : eng_err(r->errmsg, in, "%s: open: %s", src,
-				       ckpt_strerror(in));
-		goto out;
-	}
-	if (fstat(in, &st) < 0) {
-		rc = eng_err(r->errmsg, -errno, "%s: stat: %s", src,
-			     strerror(errno));
-		goto out;
-	}
-	if ((uint64_t)st.st_size != fe->size) {
-		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-			     "%s/%s: %llu bytes, the commit record says %llu",
-			     r->dname, fe->name, (ull)st.st_size,
-			     (ull)fe->size);
-		goto out;
-	}
-	outfd = eng_open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (outfd < 0) {
-		rc = eng_err(r->errmsg, outfd, "%s: create: %s", tmp,
-			     ckpt_strerror(outfd));
-		goto out;
-	}
-	XXH3_64bits_reset(hs);
-	while (off < fe->size) {
-		size_t n = (size_t)min_u64(RD_COPY_BLOCK, fe->size - off);
-
-		rc = eng_pread_all(in, buf, n, off);
-		if (rc < 0) {
-			rc = eng_err(r->errmsg, rc, "%s/%s offset %llu: read: "
-				     "%s", r->dname, fe->name, (ull)off,
-				     ckpt_strerror(rc));
-			goto out;
-		}
-		XXH3_64bits_update(hs, buf, n);
-		rc = eng_pwrite_all(outfd, buf, n, off);
-		if (rc < 0) {
-			rc = eng_err(r->errmsg, rc, "%s: write: %s", tmp,
-				     ckpt_strerror(rc));
-			goto out;
-		}
-		off += n;
-		*done += n;
-		rc = rd_progress(r, fn, arg, *done, total);
-		if (rc < 0)
-			goto out;
-	}
-	if (XXH3_64bits_digest(hs) != fe->xxh3) {
-		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-			     "%s/%s: whole-file checksum mismatch while "
-			     "copying", r->dname, fe->name);
-		goto out;
-	}
-	rc = eng_fsync(outfd);
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s: fsync: %s", tmp,
-			     ckpt_strerror(rc));
-		goto out;
-	}
-	rc = eng_close(outfd);
-	outfd = -1;
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s: close: %s", tmp,
-			     ckpt_strerror(rc));
-		goto out;
-	}
-	rc = eng_rename(tmp, dst);
-	if (rc < 0)
-		rc = eng_err(r->errmsg, rc, "%s: rename: %s", tmp,
-			     ckpt_strerror(rc));
-out:
-	if (outfd >= 0)
-		eng_close(outfd);
-	if (in >= 0)
-		eng_close(in);
-	XXH3_freeState(hs);
-	free(src);
-	free(tmp);
-	free(dst);
-	return rc;
-}
-
-CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
-			      ckpt_progress_fn fn, void *arg)
-{
-	char *dstdir = NULL, *cpath = NULL;
-	uint8_t *buf = NULL, *cbuf = NULL;
-	size_t clen = 0;
-	uint64_t total, done = 0;
-	int rc, created = 0;
-	fmt_commit tmpcm;
-	char err[ENG_ERRMSG_MAX];
-
-	if (!r)
-		return eng_err(NULL, -EINVAL, "ckpt_reader_copy: reader is NULL");
-	rc = rd_check_process(r, "ckpt_reader_copy");
-	if (rc < 0)
-		return rc;
-	if (!dst_root)
-		return eng_err(r->errmsg, -EINVAL,
-			       "ckpt_reader_copy: dst_root is NULL");
-	rc = eng_mkdir(dst_root, 0755);
-	if (rc < 0)
-		return eng_err(r->errmsg, rc, "%s: mkdir: %s", dst_root,
-			       ckpt_strerror(rc));
-	rc = eng_load_commit(dst_root, r->step, &tmpcm, NULL);
-	if (rc == 0) {
-		fmt_commit_free(&tmpcm);
-		return eng_err(r->errmsg, CKPT_E_EXISTS,
-			       "%s: step %llu is already committed there",
-			       dst_root, (ull)r->step);
-	}
-	dstdir = eng_path("%s/%s", dst_root, r->dname);
-	cpath = eng_path("%s/" FMT_COMMIT_NAME, r->stepdir);
-	buf = malloc(RD_COPY_BLOCK);
-	if (!dstdir || !cpath || !buf) {
-		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
-		goto out;
-	}
-	rc = eng_mkdir(dstdir, 0755);
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s: mkdir: %s", dstdir,
-			     ckpt_strerror(rc));
-		goto out;
-	}
-	created = 1;
-	rc = eng_fsync_dir(dst_root);
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s: fsync: %s", dst_root,
-			     ckpt_strerror(rc));
-		goto out;
-	}
-	total = r->commit_size;
-	for (size_t i = 0; i < r->cm.nfiles; i++)
-		total += r->cm.files[i].size;
-	for (size_t i = 0; i < r->cm.nfiles; i++) {
-		rc = rd_copy_file(r, dstdir, &r->cm.files[i], buf, &done,
-				  total, fn, arg);
-		if (rc < 0)
-			goto out;
-	}
-	rc = eng_fsync_dir(dstdir);
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s: fsync: %s", dstdir,
-			     ckpt_strerror(rc));
-		goto out;
-	}
-	rc = eng_read_file(cpath, r->commit_size, &cbuf, &clen, err);
-	if (rc < 0 || clen != r->commit_size ||
-	    fmt_xxh3(cbuf, clen) != r->commit_xxh3) {
-		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-			     "%s/%s: changed since the reader opened it",
-			     r->dname, FMT_COMMIT_NAME);
-		goto out;
-	}
-	/* create-if-absent: a concurrent copy of the same step that won
-	 * keeps its files (CKPT_E_EXISTS, nothing removed) */
-	rc = eng_create_file(dstdir, FMT_COMMIT_NAME, cbuf, clen, err);
-	if (rc == CKPT_E_EXISTS)
-		created = 0;
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s", err);
-		goto out;
-	}
-	created = 0; /* committed: never remove it now */
-	done += clen;
-	rc = eng_move_latest(dst_root, r->step, err);
-	if (rc < 0) {
-		rc = eng_err(r->errmsg, rc, "%s", err);
-		goto out;
-	}
-	rc = rd_progress(r, fn, arg, done, total);
-	if (rc == CKPT_E_CANCELED)
-		rc = 0; /* too late to cancel: the copy is committed */
-	if (rc == 0)
-		r->errmsg[0] = 0;
-out:
-	if (rc < 0 && created) {
-		char saved[ENG_ERRMSG_MAX];
-
-		memcpy(saved, r->errmsg, sizeof(saved));
-		eng_remove_tree(dstdir, NULL);
-		eng_err(r->errmsg, rc, "%s", saved);
-	}
-	free(cbuf);
-	free(buf);
-	free(cpath);
-	free(dstdir);
-	return rc;
 }

@@ -1,0 +1,516 @@
+/*
+ * reader_copy.c - ckpt_reader_copy: a verified copy of the open step into
+ * another root, DIR or gs://BUCKET/PREFIX, whatever the source is;
+ * committed there last, like a save.
+ *
+ * Design note. Files are copied one after the other, each in blocks of
+ * CP_BLOCK bytes from a pool of CP_NBLK (memory is bounded by the pool,
+ * never by a file):
+ *
+ *   source DIR:   pread --------------------\
+ *   source gs://: ranged GETs, up to CP_NBLK  > block FIFO (file order)
+ *                 in flight on one client  --/      | XXH3 of the file,
+ *                                                   | progress
+ *   dest DIR:     pwrite to NAME.<pid>-<rand>.tmp, fsync, rename
+ *   dest gs://:   appended to a resumable upload (no copy; the block goes
+ *                 back to the pool when the server confirmed it), crc32c
+ *                 computed by the client and sent with the last piece
+ *
+ * The whole-file XXH3 is checked against COMMIT before a file is made
+ * final (rename; the upload's last piece), so nothing unverified lands
+ * under a final name. COMMIT is written last with a create-only
+ * operation, so two copies of one step get one winner, and `latest` then
+ * advances unless a newer step is committed. A failed copy removes what
+ * it wrote under the step (the step was not committed there).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "gcs.h"
+#include "reader_internal.h"
+
+#define CP_BLOCK (8u << 20)
+#define CP_NBLK 16u
+
+struct cp_blk {
+	struct cp *cp;
+	uint8_t *buf;
+	struct gcs_op *op; /* gs:// source: the read in flight */
+	uint64_t off;
+	size_t len, got;
+};
+
+struct cp {
+	ckpt_reader *r;
+	eng_loc *dst;
+	struct gcs_client *gc; /* for every gs:// side (one loop) */
+	struct cp_blk blk[CP_NBLK];
+	struct cp_blk *freel[CP_NBLK];
+	size_t nfree;
+	struct cp_blk *fifo[CP_NBLK];
+	size_t head, count;
+	uint64_t done, total;
+	ckpt_progress_fn fn;
+	void *arg;
+};
+
+/* the upload confirmed a block: back to the pool */
+static void cp_release(void *arg)
+{
+	struct cp_blk *b = arg;
+
+	b->cp->freel[b->cp->nfree++] = b;
+}
+
+static const char *cp_obj(const eng_loc *l, const char *path)
+{
+	return path + 5 + strlen(l->bucket) + 1; /* after gs://BUCKET/ */
+}
+
+/* Source side of one file: size check and an fd (DIR). */
+static int cp_src_open(struct cp *cp, const fmt_file_entry *fe, const char *src,
+		       int *fd)
+{
+	ckpt_reader *r = cp->r;
+	uint64_t size = 0;
+	int rc;
+
+	*fd = -1;
+	if (r->loc) {
+		struct gcs_object o = { 0 };
+
+		rc = gcs_stat(cp->gc, r->loc->bucket, cp_obj(r->loc, src), &o);
+		size = o.size;
+		gcs_object_clear(&o);
+		if (rc < 0 && rc != -ENOENT)
+			return eng_err(r->errmsg, eng_gcs_code(rc), "%s",
+				       gcs_errmsg(cp->gc));
+	} else {
+		struct stat st;
+
+		rc = eng_open(src, O_RDONLY, 0);
+		if (rc >= 0) {
+			*fd = rc;
+			rc = fstat(*fd, &st) < 0 ? -errno : 0;
+			size = (uint64_t)st.st_size;
+		}
+		if (rc < 0 && rc != -ENOENT)
+			return eng_err(r->errmsg, rc, "%s: open: %s", src,
+				       ckpt_strerror(rc));
+	}
+	if (rc == -ENOENT)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT, "%s/%s: missing",
+			       r->dname, fe->name);
+	if (size != fe->size)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: %llu bytes, the commit record says %llu",
+			       r->dname, fe->name, (ull)size, (ull)fe->size);
+	return 0;
+}
+
+/* Issues reads while blocks are free; a DIR source reads at once. */
+static int cp_issue(struct cp *cp, const char *src, int fd, uint64_t size,
+		    uint64_t *issued)
+{
+	ckpt_reader *r = cp->r;
+	int rc;
+
+	while (*issued < size && cp->nfree > 0 && cp->count < CP_NBLK) {
+		struct cp_blk *b = cp->freel[--cp->nfree];
+
+		b->off = *issued;
+		b->len = (size_t)min_u64(CP_BLOCK, size - *issued);
+		b->got = 0;
+		b->op = NULL;
+		if (r->loc) {
+			rc = gcs_start_read(cp->gc, r->loc->bucket,
+					    cp_obj(r->loc, src), b->off, b->len,
+					    b->buf, &b->got, &b->op);
+		} else {
+			rc = eng_pread_all(fd, b->buf, b->len, b->off);
+			b->got = b->len;
+		}
+		if (rc < 0) {
+			cp->freel[cp->nfree++] = b;
+			return eng_err(r->errmsg, eng_gcs_code(rc),
+				       "%s offset %llu: read: %s", src,
+				       (ull)b->off,
+				       r->loc ? gcs_errmsg(cp->gc) :
+						ckpt_strerror(rc));
+		}
+		cp->fifo[(cp->head + cp->count++) % CP_NBLK] = b;
+		*issued += b->len;
+	}
+	return 0;
+}
+
+/* Drops reads still in flight (an error path). */
+static void cp_drain(struct cp *cp)
+{
+	while (cp->count > 0) {
+		struct cp_blk *b = cp->fifo[cp->head];
+
+		cp->head = (cp->head + 1) % CP_NBLK;
+		cp->count--;
+		gcs_op_free(b->op);
+		b->op = NULL;
+		cp->freel[cp->nfree++] = b;
+	}
+	cp->head = 0;
+}
+
+struct cp_dst {
+	int fd;               /* DIR */
+	char *tmp, *final;    /* DIR: temporary and final path */
+	struct gcs_upload *u; /* gs:// */
+	int final_done;       /* DIR: renamed into place */
+};
+
+static int cp_dst_open(struct cp *cp, const fmt_file_entry *fe,
+		       struct cp_dst *d)
+{
+	ckpt_reader *r = cp->r;
+	eng_loc *l = cp->dst;
+	char *dir;
+	int rc;
+
+	memset(d, 0, sizeof(*d));
+	d->fd = -1;
+	if (l->priv) {
+		struct gcs_upload_opts o = { GCS_NO_COND, fe->size, 0, 0 };
+
+		d->final = eng_path("%s%s/%s", l->prefix, r->dname, fe->name);
+		if (!d->final)
+			return eng_err(r->errmsg, -ENOMEM, "out of memory");
+		rc = gcs_upload_start(cp->gc, l->bucket, d->final, &o, &d->u);
+		if (rc < 0)
+			return eng_err(r->errmsg, eng_gcs_code(rc),
+				       "gs://%s/%s: upload: %s", l->bucket,
+				       d->final, gcs_errmsg(cp->gc));
+		return 0;
+	}
+	dir = eng_path("%s/%s", l->dir, r->dname);
+	d->tmp = dir ? eng_tmp_name(dir, fe->name) : NULL;
+	d->final = dir ? eng_path("%s/%s", dir, fe->name) : NULL;
+	free(dir);
+	if (!d->tmp || !d->final)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	d->fd = eng_open(d->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (d->fd < 0)
+		return eng_err(r->errmsg, d->fd, "%s: create: %s", d->tmp,
+			       ckpt_strerror(d->fd));
+	return 0;
+}
+
+/* A block of the file, in order: to the file or to the upload. */
+static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
+{
+	int rc;
+
+	if (d->u) {
+		rc = gcs_upload_append(d->u, b->buf, b->got, cp_release, b);
+		if (rc < 0)
+			return eng_err(cp->r->errmsg, eng_gcs_code(rc),
+				       "gs://%s/%s: upload: %s",
+				       cp->dst->bucket, d->final,
+				       gcs_errmsg(cp->gc));
+		gcs_poll(cp->gc, 0);
+		return 0;
+	}
+	rc = eng_pwrite_all(d->fd, b->buf, b->got, b->off);
+	cp->freel[cp->nfree++] = b;
+	if (rc < 0)
+		return eng_err(cp->r->errmsg, rc, "%s: write: %s", d->tmp,
+			       ckpt_strerror(rc));
+	return 0;
+}
+
+/* Makes the file final: its bytes checked, then rename or last piece. */
+static int cp_dst_finish(struct cp *cp, struct cp_dst *d)
+{
+	ckpt_reader *r = cp->r;
+	int rc;
+
+	if (d->u) {
+		rc = gcs_upload_finish(d->u, NULL);
+		if (rc == 0)
+			rc = gcs_op_wait(gcs_upload_op(d->u));
+		if (rc < 0)
+			return eng_err(r->errmsg, eng_gcs_code(rc),
+				       "gs://%s/%s: upload: %s",
+				       cp->dst->bucket, d->final,
+				       gcs_op_errmsg(gcs_upload_op(d->u)));
+		return 0;
+	}
+	rc = eng_fsync(d->fd);
+	if (rc == 0) {
+		rc = eng_close(d->fd);
+		d->fd = -1;
+	}
+	if (rc < 0)
+		return eng_err(r->errmsg, rc, "%s: %s", d->tmp,
+			       ckpt_strerror(rc));
+	rc = eng_rename(d->tmp, d->final);
+	d->final_done = rc == 0;
+	if (rc < 0)
+		return eng_err(r->errmsg, rc, "%s: rename: %s", d->tmp,
+			       ckpt_strerror(rc));
+	return 0;
+}
+
+static void cp_dst_close(struct cp *cp, struct cp_dst *d)
+{
+	(void)cp;
+	if (d->fd >= 0)
+		eng_close(d->fd);
+	if (d->tmp && !d->final_done)
+		eng_unlink(d->tmp);
+	gcs_upload_free(d->u); /* unfinished: abandoned, blocks released */
+	free(d->tmp);
+	free(d->final);
+}
+
+static int cp_file(struct cp *cp, const fmt_file_entry *fe)
+{
+	ckpt_reader *r = cp->r;
+	char *src = eng_path("%s/%s", r->stepdir, fe->name);
+	XXH3_state_t *hs = XXH3_createState();
+	struct cp_dst d = { -1, NULL, NULL, NULL, 0 };
+	uint64_t issued = 0, written = 0;
+	int fd = -1, rc;
+
+	if (!src || !hs) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto out;
+	}
+	XXH3_64bits_reset(hs);
+	rc = cp_src_open(cp, fe, src, &fd);
+	if (rc == 0)
+		rc = cp_dst_open(cp, fe, &d);
+	while (rc == 0 && written < fe->size) {
+		struct cp_blk *b;
+
+		rc = cp_issue(cp, src, fd, fe->size, &issued);
+		if (rc < 0)
+			break;
+		if (cp->count == 0) {
+			/* every block is with the upload: let it go on */
+			gcs_poll(cp->gc, 50);
+			if (d.u && gcs_op_done(gcs_upload_op(d.u))) {
+				int e = gcs_op_wait(gcs_upload_op(d.u));
+
+				rc = eng_err(r->errmsg,
+					     e < 0 ? eng_gcs_code(e) : -EIO,
+					     "gs://%s/%s: upload: %s",
+					     cp->dst->bucket, d.final,
+					     gcs_op_errmsg(gcs_upload_op(d.u)));
+			}
+			continue;
+		}
+		b = cp->fifo[cp->head];
+		if (b->op) {
+			rc = gcs_op_wait(b->op);
+			if (rc < 0)
+				rc = eng_err(r->errmsg, eng_gcs_code(rc),
+					     "%s/%s offset %llu: read: %s",
+					     r->dname, fe->name, (ull)b->off,
+					     gcs_op_errmsg(b->op));
+			gcs_op_free(b->op);
+			b->op = NULL;
+			if (rc == 0 && b->got < b->len)
+				rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+					     "%s/%s offset %llu: object ends "
+					     "there (%llu bytes recorded)",
+					     r->dname, fe->name,
+					     (ull)(b->off + b->got),
+					     (ull)fe->size);
+			if (rc < 0)
+				break;
+		}
+		cp->head = (cp->head + 1) % CP_NBLK;
+		cp->count--;
+		XXH3_64bits_update(hs, b->buf, b->got);
+		written += b->got;
+		if (written == fe->size && XXH3_64bits_digest(hs) != fe->xxh3) {
+			cp->freel[cp->nfree++] = b;
+			rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+				     "%s/%s: whole-file checksum mismatch "
+				     "while copying",
+				     r->dname, fe->name);
+			break;
+		}
+		rc = cp_dst_put(cp, &d, b);
+		cp->done += b->got;
+		if (rc == 0 && cp->fn && cp->fn(cp->arg, cp->done, cp->total))
+			rc = eng_err(r->errmsg, CKPT_E_CANCELED,
+				     "canceled by the progress callback");
+	}
+	if (rc == 0 && fe->size == 0 && XXH3_64bits_digest(hs) != fe->xxh3)
+		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
+			     "%s/%s: whole-file checksum mismatch while "
+			     "copying",
+			     r->dname, fe->name);
+	if (rc == 0)
+		rc = cp_dst_finish(cp, &d);
+out:
+	cp_drain(cp);
+	cp_dst_close(cp, &d);
+	if (fd >= 0)
+		eng_close(fd);
+	XXH3_freeState(hs);
+	free(src);
+	return rc;
+}
+
+/* COMMIT as the reader saw it, then create-only at the destination. */
+static int cp_commit(struct cp *cp)
+{
+	ckpt_reader *r = cp->r;
+	char err[ENG_ERRMSG_MAX], *key;
+	uint8_t *cbuf = NULL;
+	size_t clen = 0;
+	int rc;
+
+	rc = rd_get_doc(r, FMT_COMMIT_NAME, r->commit_size, &cbuf, &clen, err);
+	if (rc < 0 || clen != r->commit_size ||
+	    fmt_xxh3(cbuf, clen) != r->commit_xxh3) {
+		free(cbuf);
+		return eng_err(r->errmsg, CKPT_E_CORRUPT,
+			       "%s/%s: changed since the reader opened it",
+			       r->dname, FMT_COMMIT_NAME);
+	}
+	key = eng_path("%s/" FMT_COMMIT_NAME, r->dname);
+	rc = key ? cp->dst->be->create(cp->dst, key, cbuf, clen, err) :
+		   eng_err(err, -ENOMEM, "out of memory");
+	free(key);
+	free(cbuf);
+	if (rc < 0)
+		return eng_err(r->errmsg, rc, "%s", err);
+	cp->done += clen;
+	rc = eng_advance_latest(cp->dst, r->step, err);
+	if (rc < 0)
+		return eng_err(r->errmsg, rc, "%s", err);
+	return 0;
+}
+
+/* DIR destination: the step directory exists, durably. */
+static int cp_mkdirs(struct cp *cp, const char *dst_root)
+{
+	ckpt_reader *r = cp->r;
+	char *dstdir;
+	int rc;
+
+	if (cp->dst->priv)
+		return 0; /* objects need no directories */
+	dstdir = eng_path("%s/%s", dst_root, r->dname);
+	if (!dstdir)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	rc = eng_mkdir(dstdir, 0755);
+	if (rc < 0)
+		eng_err(r->errmsg, rc, "%s: mkdir: %s", dstdir,
+			ckpt_strerror(rc));
+	else if ((rc = eng_fsync_dir(dst_root)) < 0)
+		eng_err(r->errmsg, rc, "%s: fsync: %s", dst_root,
+			ckpt_strerror(rc));
+	free(dstdir);
+	return rc;
+}
+
+CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
+			      ckpt_progress_fn fn, void *arg)
+{
+	struct cp *cp = NULL;
+	char err[ENG_ERRMSG_MAX];
+	int rc, created = 0;
+	fmt_commit tmpcm;
+
+	if (!r)
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_reader_copy: reader is NULL");
+	rc = rd_check_process(r, "ckpt_reader_copy");
+	if (rc < 0)
+		return rc;
+	if (!dst_root)
+		return eng_err(r->errmsg, -EINVAL,
+			       "ckpt_reader_copy: dst_root is NULL");
+	if (strncmp(dst_root, "gs://", 5)) {
+		rc = eng_mkdir(dst_root, 0755);
+		if (rc < 0)
+			return eng_err(r->errmsg, rc, "%s: mkdir: %s", dst_root,
+				       ckpt_strerror(rc));
+	}
+	rc = eng_load_commit(dst_root, r->step, &tmpcm, NULL);
+	if (rc == 0) {
+		fmt_commit_free(&tmpcm);
+		return eng_err(r->errmsg, CKPT_E_EXISTS,
+			       "%s: step %llu is already committed there",
+			       dst_root, (ull)r->step);
+	}
+	cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	cp->r = r;
+	cp->fn = fn;
+	cp->arg = arg;
+	rc = eng_loc_open(dst_root, &cp->dst, err);
+	if (rc < 0) {
+		rc = eng_err(r->errmsg, rc, "%s", err);
+		goto out;
+	}
+	cp->gc = r->loc ? r->loc->priv : cp->dst->priv;
+	for (size_t i = 0; i < CP_NBLK; i++) {
+		cp->blk[i].cp = cp;
+		cp->blk[i].buf = malloc(CP_BLOCK);
+		if (!cp->blk[i].buf) {
+			rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+			goto out;
+		}
+		cp->freel[cp->nfree++] = &cp->blk[i];
+	}
+	rc = cp_mkdirs(cp, dst_root);
+	if (rc < 0)
+		goto out;
+	created = 1;
+	cp->total = r->commit_size;
+	for (size_t i = 0; i < r->cm.nfiles; i++)
+		cp->total += r->cm.files[i].size;
+	for (size_t i = 0; i < r->cm.nfiles && rc == 0; i++)
+		rc = cp_file(cp, &r->cm.files[i]);
+	if (rc == 0) {
+		rc = cp->dst->be->sync(cp->dst, r->dname, err);
+		if (rc < 0)
+			rc = eng_err(r->errmsg, rc, "%s", err);
+	}
+	if (rc == 0) {
+		rc = cp_commit(cp);
+		/* committed (or another copy won): never remove it now */
+		if (rc == 0 || rc == CKPT_E_EXISTS)
+			created = 0;
+	}
+	if (rc == 0 && fn && fn(arg, cp->done, cp->total) != 0)
+		rc = 0; /* too late to cancel: the copy is committed */
+	if (rc == 0)
+		r->errmsg[0] = 0;
+out:
+	if (rc < 0 && created) {
+		char saved[ENG_ERRMSG_MAX], *pre = eng_path("%s/", r->dname);
+
+		memcpy(saved, r->errmsg, sizeof(saved));
+		if (pre)
+			cp->dst->be->remove_all(cp->dst, pre, NULL, NULL);
+		free(pre);
+		eng_err(r->errmsg, rc, "%s", saved);
+	}
+	if (cp) {
+		for (size_t i = 0; i < CP_NBLK; i++)
+			free(cp->blk[i].buf);
+		eng_loc_close(cp->dst);
+		free(cp);
+	}
+	return rc;
+}
