@@ -38,7 +38,9 @@ static struct gcs_client *gb_client(eng_loc *l)
 	return (struct gcs_client *)l->priv;
 }
 
-/* Parallel transfers of one client: CKPT_GCS_STREAMS, default 8. */
+/* Parallel transfers of one client: CKPT_GCS_STREAMS, default 8. The
+ * deadline of one operation, retries included: CKPT_GCS_DEADLINE seconds
+ * (default: the client's). */
 unsigned eng_gcs_streams(void)
 {
 	const char *e = getenv("CKPT_GCS_STREAMS");
@@ -50,9 +52,12 @@ unsigned eng_gcs_streams(void)
 int eng_gcs_client_new(struct gcs_client **out, const char *where, char *errbuf)
 {
 	struct gcs_config cfg = { 0 };
+	const char *dl = getenv("CKPT_GCS_DEADLINE");
 	int r;
 
 	cfg.streams = eng_gcs_streams();
+	/* per operation, retries included (0: the client's 600 s) */
+	cfg.deadline_s = dl ? strtod(dl, NULL) : 0;
 	r = gcs_client_new(out, &cfg);
 	if (r < 0)
 		return eng_err(errbuf, r == -ENOMEM ? r : -EIO,

@@ -341,7 +341,8 @@ class CkptctlTest(unittest.TestCase):
 
 
 class TestHelp(CkptctlTest):
-    COMMANDS = ["ls", "inspect", "verify", "restore", "export", "import", "gc"]
+    COMMANDS = ["ls", "inspect", "verify", "restore", "export", "import", "gc",
+                "push"]
 
     def test_global_help(self):
         for args in (["--help"], ["-h"], ["help"]):
@@ -369,7 +370,7 @@ class TestHelp(CkptctlTest):
 
     # A value of the right kind for each argument placeholder in the help.
     ARG_VALUES = {"N": "1", "K": "1", "BYTES": "64K", "FMT": "safetensors",
-                  "FILE": "x", "NAME": "x", "OUTDIR": "x",
+                  "FILE": "x", "NAME": "x", "OUTDIR": "x", "DEST": "x",
                   "none|zstd|float": "zstd", "REASON": "manual"}
 
     def test_help_options_exist(self):
@@ -1000,11 +1001,161 @@ class TestGcAndLocations(CkptctlTest):
         # ls and gc take a plain directory: '@' is never a step there.
         self.assertEqual(run_json("ls", "--json", d3)[1]["latest"], 9)
 
-    def test_gs_not_yet(self):
-        p = run("ls", "gs://bucket/prefix")
-        self.assertFails(p, "ls", "gs://")
-        p = run("verify", "gs://bucket/prefix@5")
-        self.assertFails(p, "verify", "gs://")
+    def test_gs_unreachable(self):
+        # nothing listens there: a clear failure naming the location
+        env = {"STORAGE_EMULATOR_HOST": "127.0.0.1:1",
+               "CKPT_GCS_DEADLINE": "2"}
+        p = run("ls", "gs://bucket/prefix", env=env)
+        self.assertFails(p, "ls", "gs://bucket/prefix")
+        p = run("verify", "gs://bucket/prefix@5", env=env)
+        self.assertFails(p, "verify", "gs://bucket/prefix")
+
+
+FAKE_GCS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "servers", "fake_gcs.py")
+
+
+@unittest.skipUnless(os.path.exists(FAKE_GCS), "no %s" % FAKE_GCS)
+class TestCloudStorage(CkptctlTest):
+    """Every location-taking command on gs:// against the loopback fake
+    server (tests/servers/fake_gcs.py), plus push and restore both ways."""
+
+    BUCKET = "ctl"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="fake_gcs.", dir=TMP)
+        port_file = os.path.join(cls.dir, "port")
+        cls.srv = subprocess.Popen(
+            [sys.executable, FAKE_GCS, "--port-file", port_file,
+             "--bucket", cls.BUCKET], stdout=subprocess.DEVNULL)
+        for _ in range(3000):
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    port = f.read().strip()
+                if port:
+                    break
+            if cls.srv.poll() is not None:
+                raise unittest.SkipTest("fake_gcs.py did not start (%s "
+                                        "lacks something)" % sys.executable)
+            import time
+            time.sleep(0.01)
+        cls.url = "http://127.0.0.1:%s" % port
+        cls.env = {"STORAGE_EMULATOR_HOST": cls.url}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.terminate()
+        cls.srv.wait()
+
+    def gs(self, prefix):
+        return "gs://%s/%s" % (self.BUCKET, prefix)
+
+    def ctl(self, *args):
+        return run(*args, env=self.env)
+
+    def put_object(self, name, data):
+        import urllib.parse
+        import urllib.request
+        url = "%s/upload/storage/v1/b/%s/o?uploadType=media&name=%s" % (
+            self.url, self.BUCKET, urllib.parse.quote(name, safe=""))
+        req = urllib.request.Request(url, data=data, method="POST")
+        with urllib.request.urlopen(req) as r:
+            self.assertEqual(r.status, 200)
+
+    def test_push_and_read_commands(self):
+        gs = self.gs("run1")
+        p = self.ctl("push", ROOT + "@7", gs)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertIn("pushed step 7 to %s" % gs, p.out)
+        p, js = run_json("ls", "--json", gs, env=self.env)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual([s["step"] for s in js["steps"]], [7])
+        self.assertEqual(js["latest"], 7)
+        loc_js = run_json("inspect", "--json", ROOT + "@7")[1]
+        p, gs_js = run_json("inspect", "--json", gs, env=self.env)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(gs_js["tensors"], loc_js["tensors"])
+        p = self.ctl("verify", gs + "@7")
+        self.assertEqual(p.returncode, 0, p.err)
+        # a committed step is not pushed twice
+        p = self.ctl("push", ROOT + "@7", gs)
+        self.assertFails(p, "push", "already committed")
+        if np is not None:
+            out = os.path.join(TMP, "gs-export.safetensors")
+            p = self.ctl("export", gs, "-o", out)
+            self.assertEqual(p.returncode, 0, p.err)
+            self.assertExportMatches(out, TENSORS, 7)
+
+    def test_restore_both_ways(self):
+        gs = self.gs("run2")
+        p, js = run_json("restore", "--json", ROOT + "@7", "--to", gs,
+                         env=self.env)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(js["step"], 7)
+        self.assertEqual(js["destination"], gs)
+        down = fresh_dir("from-gs")
+        p = self.ctl("restore", gs, "--to", down)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertIn("restored step 7", p.out)
+        self.assertEqual(run("verify", down).returncode, 0)
+        src = os.path.join(ROOT, "step-%020d" % 7)
+        dst = os.path.join(down, "step-%020d" % 7)
+        self.assertEqual(sorted(os.listdir(src)), sorted(os.listdir(dst)))
+        for f in os.listdir(src):
+            with open(os.path.join(src, f), "rb") as a, \
+                    open(os.path.join(dst, f), "rb") as b:
+                self.assertEqual(a.read(), b.read(), f)
+        # gs:// to gs://, and onto itself refused
+        p = self.ctl("restore", gs + "@7", "--to", self.gs("run2b"))
+        self.assertEqual(p.returncode, 0, p.err)
+        p = self.ctl("restore", gs, "--to", gs)
+        self.assertFails(p, "restore", "same location")
+
+    def test_corrupt_object_detected(self):
+        gs = self.gs("run3")
+        self.assertEqual(self.ctl("push", ROOT + "@7", gs).returncode, 0)
+        name = "step-%020d/h00000-f000.shard" % 7
+        with open(os.path.join(ROOT, name), "rb") as f:
+            data = bytearray(f.read())
+        data[len(data) // 2] ^= 0x20
+        self.put_object("run3/" + name, bytes(data))
+        p = self.ctl("verify", gs)
+        self.assertFails(p, "verify", "h00000-f000.shard", "offset")
+        down = fresh_dir("from-gs-bad")
+        p = self.ctl("restore", gs, "--to", down)
+        self.assertFails(p, "restore", "h00000-f000.shard")
+        self.assertEqual(run("ls", down).returncode, 0)
+        self.assertIn("no committed steps", run("ls", down).out)
+
+    def test_gc_on_bucket(self):
+        gs = self.gs("run4")
+        small = os.path.join(TMP, "gc_small.safetensors")
+        write_small(small, 2)
+        local = fresh_dir("gc-local")
+        for step in (1, 2, 3, 4):
+            self.assertEqual(run("import", small, "%s@%d" % (local, step))
+                             .returncode, 0)
+            p = self.ctl("push", "%s@%d" % (local, step), gs)
+            self.assertEqual(p.returncode, 0, p.err)
+        # debris: an uncommitted step below the newest committed one
+        self.put_object("run4/step-%020d/h00000-f000.shard" % 0, b"debris")
+        p, js = run_json("gc", "--json", gs, "--keep", "2", env=self.env)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(js["removed_steps"], [1, 2])
+        self.assertEqual(js["removed_debris_steps"], [0])
+        self.assertEqual(js["kept_steps"], [3, 4])
+        p, js = run_json("ls", "--json", gs, env=self.env)
+        self.assertEqual([s["step"] for s in js["steps"]], [3, 4])
+        self.assertEqual(self.ctl("verify", gs + "@3").returncode, 0)
+
+    def test_push_usage(self):
+        self.assertUsage(self.ctl("push", ROOT))
+        self.assertUsage(self.ctl("push", ROOT, self.gs("x"), "y"))
+        self.assertUsage(self.ctl("push", self.gs("a"), self.gs("b")))
+        self.assertUsage(self.ctl("push", ROOT, os.path.join(TMP, "d")))
+        p = self.ctl("import", SRC, self.gs("imp"))
+        self.assertFails(p, "import", "push")
 
 
 # --------------------------------------------------------------------------

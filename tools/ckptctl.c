@@ -24,7 +24,7 @@
 /* In the order `ckptctl --help` lists them. */
 static const struct cli_command *const commands[] = {
 	&cli_cmd_ls,     &cli_cmd_inspect, &cli_cmd_verify, &cli_cmd_restore,
-	&cli_cmd_export, &cli_cmd_import,  &cli_cmd_gc,
+	&cli_cmd_push,   &cli_cmd_export,  &cli_cmd_import, &cli_cmd_gc,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -41,10 +41,11 @@ static void print_main_help(void)
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		printf("  %-7s  %s\n", commands[i]->name, commands[i]->summary);
 	fputs("\n"
-	      "Locations: DIR is a checkpoint root directory; DIR@STEP names one step\n"
-	      "(the last '@' followed by digits only). Without @STEP, commands that\n"
-	      "read a step use the latest one and import writes step 0. ls and gc\n"
-	      "take DIR whole.\n"
+	      "Locations: DIR is a checkpoint root directory or gs://BUCKET/PREFIX\n"
+	      "(Cloud Storage; every command but import takes one); DIR@STEP names\n"
+	      "one step (the last '@' followed by digits only). Without @STEP,\n"
+	      "commands that read a step use the latest one and import writes step\n"
+	      "0. ls and gc take DIR whole.\n"
 	      "\n"
 	      "Exit status: 0 success, 1 failure, 2 usage error.\n"
 	      "Run 'ckptctl COMMAND --help' for a command's options and examples.\n",

@@ -373,10 +373,8 @@ int cli_location_usable(const cli_location *l, int must_exist)
 {
 	struct stat st;
 
-	if (l->kind == CLI_LOC_GCS) {
-		cli_err("%s: gs:// locations are not supported yet", l->path);
-		return -1;
-	}
+	if (l->kind == CLI_LOC_GCS)
+		return 0; /* the library tells whether anything is there */
 	if (must_exist) {
 		if (stat(l->path, &st) < 0) {
 			cli_err("%s: %s", l->path, strerror(errno));

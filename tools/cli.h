@@ -41,7 +41,8 @@ struct cli_command {
 
 /* The commands, one per cmd_NAME.c; listed in ckptctl.c. */
 extern const struct cli_command cli_cmd_ls, cli_cmd_inspect, cli_cmd_verify,
-	cli_cmd_restore, cli_cmd_export, cli_cmd_import, cli_cmd_gc;
+	cli_cmd_restore, cli_cmd_export, cli_cmd_import, cli_cmd_gc,
+	cli_cmd_push;
 
 /* Name of the running command, for "ckptctl: CMD: message"; set by main. */
 extern const char *cli_cmd_name;

@@ -179,6 +179,11 @@ static int cmd_import(int argc, char **argv)
 		return rc;
 	if (cli_location_usable(&loc, 0))
 		goto out;
+	if (loc.kind == CLI_LOC_GCS) {
+		cli_err("%s: import writes a directory; then 'ckptctl push'",
+			loc.path);
+		goto out;
+	}
 	step = loc.has_step ? loc.step : 0;
 
 	if (st_open(&f, argv[optind], err, sizeof(err))) {
