@@ -16,8 +16,8 @@
  *        buffer --> rd_complete (workers check XXH3, decode, scatter)
  *
  * Memory stays bounded: the pool as for DIR plus at most `streams` merge
- * buffers of spancap bytes (together <= RD_SPAN_BUDGET), kept for the
- * reader's life. Nothing is trusted from the wire: an object whose size
+ * buffers of spancap bytes (together <= RD_SPAN_BUDGET; CKPT_GCS_MERGE_MAX
+ * lowers the cap), kept for the reader's life. Nothing is trusted from the wire: an object whose size
  * differs from COMMIT, a short range or a failed request fail the jobs it
  * feeds with a message naming the object, the offset and the client's
  * message (HTTP status, server message); bad bytes are caught by the
@@ -36,10 +36,10 @@
 #define RD_SPAN_GAP (256u << 10)      /* bytes read and dropped to merge */
 #define RD_MAX_SPANS 256u
 
-struct rd_span {
-	struct gcs_op *op;
-	uint8_t *buf;   /* where the bytes land */
-	uint8_t *merge; /* the merge buffer, or NULL (one job, direct) */
+struct rd_span { /* stays put while its read runs: the client writes got */
+	struct gcs_op *op; /* NULL: the slot is free */
+	uint8_t *buf;      /* where the bytes land */
+	uint8_t *merge;    /* the merge buffer, or NULL (one job, direct) */
 	uint64_t off;
 	size_t len, got;
 	size_t j0, j1; /* jobs [j0, j1) */
@@ -239,9 +239,11 @@ static size_t rd_gcs_issue(struct rd_gcs_run *g, size_t next)
 	pthread_mutex_unlock(&r->mu);
 	while (!stop && next < b->njobs && g->nact < g->nmax) {
 		struct rd_job *j = &b->jobs[next];
-		struct rd_span *s = &g->sp[g->nact];
+		struct rd_span *s = g->sp;
 		uint8_t *buf;
 
+		while (s->op)
+			s++; /* a free slot: nact < nmax */
 		if (rd_job_dead(r, b, j)) {
 			j->ready = 1;
 			j->failed = 1;
@@ -279,6 +281,7 @@ static size_t rd_gcs_issue(struct rd_gcs_run *g, size_t next)
 					"read: cannot start the request");
 			if (s->merge)
 				g->mfree[g->nmfree++] = s->merge;
+			s->op = NULL;
 			continue;
 		}
 		g->nact++;
@@ -305,6 +308,9 @@ void rd_gcs_run(ckpt_reader *r, struct rd_batch *b)
 	if (g->nmax > RD_MAX_SPANS)
 		g->nmax = RD_MAX_SPANS;
 	cap = (size_t)min_u64(RD_SPAN_MAX, RD_SPAN_BUDGET / g->nmax);
+	if (getenv("CKPT_GCS_MERGE_MAX")) /* bytes; tuning and tests */
+		cap = (size_t)min_u64(
+			strtoull(getenv("CKPT_GCS_MERGE_MAX"), NULL, 10), cap);
 	if (cap < r->bufsize)
 		cap = r->bufsize;
 	if (cap != r->spancap || !r->spans) {
@@ -324,13 +330,12 @@ void rd_gcs_run(ckpt_reader *r, struct rd_batch *b)
 			continue;
 		}
 		gcs_poll(g->c, 20);
-		for (size_t i = 0; i < g->nact;) {
-			if (!gcs_op_done(g->sp[i].op)) {
-				i++;
+		for (size_t i = 0; i < g->nmax; i++) {
+			if (!g->sp[i].op || !gcs_op_done(g->sp[i].op))
 				continue;
-			}
 			rd_span_done(g, &g->sp[i]);
-			g->sp[i] = g->sp[--g->nact];
+			g->sp[i].op = NULL;
+			g->nact--;
 		}
 	}
 	free(g);
