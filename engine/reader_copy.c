@@ -11,7 +11,8 @@
  *   source gs://: ranged GETs, up to CP_NBLK  > block FIFO (file order)
  *                 in flight on one client  --/      | XXH3 of the file,
  *                                                   | progress
- *   dest DIR:     pwrite to NAME.<pid>-<rand>.tmp, fsync, rename
+ *   dest DIR:     pwrite to NAME.<pid>-<rand>.tmp (writeback started per
+ *                 block with sync_file_range), fsync, rename
  *   dest gs://:   appended to a resumable upload (no copy; the block goes
  *                 back to the pool when the server confirmed it), crc32c
  *                 computed by the client and sent with the last piece
@@ -227,6 +228,10 @@ static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
 	if (rc < 0)
 		return eng_err(cp->r->errmsg, rc, "%s: write: %s", d->tmp,
 			       ckpt_strerror(rc));
+	/* start writeback now, so the fsync at the end has little left;
+	 * a hint only (fsync decides), hence no error check */
+	(void)sync_file_range(d->fd, (off_t)b->off, (off_t)b->got,
+			      SYNC_FILE_RANGE_WRITE);
 	return 0;
 }
 
