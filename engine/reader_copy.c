@@ -15,7 +15,11 @@
  *                 block with sync_file_range), fsync, rename
  *   dest gs://:   appended to a resumable upload (no copy; the block goes
  *                 back to the pool when the server confirmed it), crc32c
- *                 computed by the client and sent with the last piece
+ *                 computed by the client and sent with the last piece;
+ *                 an object already there with the same size (a copy
+ *                 interrupted before its COMMIT) is kept if its crc32c
+ *                 equals the source's, so a repeated push resumes at
+ *                 file granularity
  *
  * The whole-file XXH3 is checked against COMMIT before a file is made
  * final (rename; the upload's last piece), so nothing unverified lands
@@ -170,10 +174,15 @@ struct cp_dst {
 	char *tmp, *final;    /* DIR: temporary and final path */
 	struct gcs_upload *u; /* gs:// */
 	int final_done;       /* DIR: renamed into place */
+	int present;          /* gs://: the object is there already, same
+				 size: only its crc32c is compared */
+	uint32_t crc, want_crc;
 };
 
+#define CP_REDO 1 /* the object there differs: upload after all */
+
 static int cp_dst_open(struct cp *cp, const fmt_file_entry *fe,
-		       struct cp_dst *d)
+		       struct cp_dst *d, int reuse)
 {
 	ckpt_reader *r = cp->r;
 	eng_loc *l = cp->dst;
@@ -188,6 +197,18 @@ static int cp_dst_open(struct cp *cp, const fmt_file_entry *fe,
 		d->final = eng_path("%s%s/%s", l->prefix, r->dname, fe->name);
 		if (!d->final)
 			return eng_err(r->errmsg, -ENOMEM, "out of memory");
+		if (reuse) {
+			/* an earlier, interrupted copy may have sent it */
+			struct gcs_object ob = { 0 };
+
+			rc = gcs_stat(cp->gc, l->bucket, d->final, &ob);
+			d->present = rc == 0 && ob.size == fe->size &&
+				     ob.has_crc32c;
+			d->want_crc = ob.crc32c;
+			gcs_object_clear(&ob);
+			if (d->present)
+				return 0;
+		}
 		rc = gcs_upload_start(cp->gc, l->bucket, d->final, &o, &d->u);
 		if (rc < 0)
 			return eng_err(r->errmsg, eng_gcs_code(rc),
@@ -213,6 +234,11 @@ static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
 {
 	int rc;
 
+	if (d->present) {
+		d->crc = gcs_crc32c(d->crc, b->buf, b->got);
+		cp->freel[cp->nfree++] = b;
+		return 0;
+	}
 	if (d->u) {
 		rc = gcs_upload_append(d->u, b->buf, b->got, cp_release, b);
 		if (rc < 0)
@@ -241,6 +267,8 @@ static int cp_dst_finish(struct cp *cp, struct cp_dst *d)
 	ckpt_reader *r = cp->r;
 	int rc;
 
+	if (d->present)
+		return d->crc == d->want_crc ? 0 : CP_REDO;
 	if (d->u) {
 		rc = gcs_upload_finish(d->u, NULL);
 		if (rc == 0)
@@ -280,12 +308,14 @@ static void cp_dst_close(struct cp *cp, struct cp_dst *d)
 	free(d->final);
 }
 
-static int cp_file(struct cp *cp, const fmt_file_entry *fe)
+/* One pass over a file; reuse: an object already at the destination
+ * with the same size and crc32c is kept (CP_REDO if it differs). */
+static int cp_file_pass(struct cp *cp, const fmt_file_entry *fe, int reuse)
 {
 	ckpt_reader *r = cp->r;
 	char *src = eng_path("%s/%s", r->stepdir, fe->name);
 	XXH3_state_t *hs = XXH3_createState();
-	struct cp_dst d = { -1, NULL, NULL, NULL, 0 };
+	struct cp_dst d = { -1, NULL, NULL, NULL, 0, 0, 0, 0 };
 	uint64_t issued = 0, written = 0;
 	int fd = -1, rc;
 
@@ -296,7 +326,7 @@ static int cp_file(struct cp *cp, const fmt_file_entry *fe)
 	XXH3_64bits_reset(hs);
 	rc = cp_src_open(cp, fe, src, &fd);
 	if (rc == 0)
-		rc = cp_dst_open(cp, fe, &d);
+		rc = cp_dst_open(cp, fe, &d, reuse);
 	while (rc == 0 && written < fe->size) {
 		struct cp_blk *b;
 
@@ -369,6 +399,18 @@ out:
 		eng_close(fd);
 	XXH3_freeState(hs);
 	free(src);
+	return rc;
+}
+
+static int cp_file(struct cp *cp, const fmt_file_entry *fe)
+{
+	uint64_t done = cp->done;
+	int rc = cp_file_pass(cp, fe, 1);
+
+	if (rc == CP_REDO) {
+		cp->done = done;
+		rc = cp_file_pass(cp, fe, 0);
+	}
 	return rc;
 }
 

@@ -282,6 +282,44 @@ START_TEST(corrupt_object)
 }
 END_TEST
 
+/* A copy to gs:// that stopped before its COMMIT, run again: objects
+ * already there with the right size and crc32c are kept, a changed one
+ * is sent again (counted by the server), and the step then commits. */
+START_TEST(resume_copy)
+{
+	const char *gs = "gs://" BUCKET "/res";
+	char why[1024] = "", *local, obj[128];
+	struct gcs_config cfg = { 0 };
+	struct gcs_client *gc;
+	ckpt_reader *r = NULL;
+	long ins;
+	tu_set set;
+
+	make_set(&set);
+	local = save_local(&set);
+	copy_step(local, 5, gs, 0);
+	cfg.endpoint = srv.url;
+	ck_assert_int_eq(gcs_client_new(&gc, &cfg), 0);
+	snprintf(obj, sizeof(obj), "res/step-%020d/COMMIT", 5);
+	ck_assert_int_eq(gcs_delete(gc, BUCKET, obj, 0, GCS_NO_COND), 0);
+	gcs_client_free(gc);
+	snprintf(obj, sizeof(obj), "res/step-%020d/h00000-f001.shard", 5);
+	tamper(obj, 100, SIZE_MAX);
+	ck_assert_int_eq(ckpt_reader_open(&r, gs, 5, NULL), CKPT_E_NOTFOUND);
+
+	ins = fake_stat("storage.objects.insert");
+	copy_step(local, 5, gs, 0);
+	ins = fake_stat("storage.objects.insert") - ins;
+	/* the changed shard (one resumable upload: start + one piece),
+	 * COMMIT and latest; not the other shard nor the index */
+	ck_assert_msg(ins <= 4, "%ld uploads", ins);
+	ck_assert_msg(tu_check_root(gs, 5, &set, why, sizeof(why)) == 0, "%s",
+		      why);
+	free(local);
+	tu_set_free(&set);
+}
+END_TEST
+
 /* A server failing 15% of requests at random (503, 429, resets, broken
  * streams, stalls of 1-3 s): the copy up and down and every read still
  * come out byte-identical, with requests finishing in any order. */
@@ -326,6 +364,7 @@ static Suite *reader_suite(void)
 	tcase_add_test(tc, roundtrip);
 	tcase_add_test(tc, corrupt_object);
 	tcase_add_test(tc, random_faults);
+	tcase_add_test(tc, resume_copy);
 	suite_add_tcase(s, tc);
 	return s;
 }
