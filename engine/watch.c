@@ -19,9 +19,9 @@
  * leave before closing them. Depends on: handle (struct ckpt), watch_md.
  */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -120,8 +120,9 @@ CKPT_API int ckpt_watch_sigterm(ckpt *c)
 	int i, n = 0, r = 0;
 
 	if (!w)
-		return eng_err(NULL, -EINVAL, "ckpt_watch_sigterm: handle "
-					      "is NULL");
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_watch_sigterm: handle "
+			       "is NULL");
 	pthread_mutex_lock(&g_sig_mu);
 	if (atomic_load(&w->sigterm_opted))
 		goto out;
@@ -144,15 +145,16 @@ CKPT_API int ckpt_watch_sigterm(ckpt *c)
 	for (i = 0; i < SIG_FDS && n < 2; i++) {
 		int expect = -1;
 
-		if (atomic_compare_exchange_strong(
-			    &g_sig_fds[i], &expect,
-			    n ? w->wake_efd : w->notify_efd))
+		if (atomic_compare_exchange_strong(&g_sig_fds[i], &expect,
+						   n ? w->wake_efd :
+						       w->notify_efd))
 			n++;
 	}
 	if (n < 2) {
 		sig_fds_drop(w);
-		r = eng_err(NULL, -ENOSPC, "ckpt_watch_sigterm: more than %d "
-					   "handles opted in",
+		r = eng_err(NULL, -ENOSPC,
+			    "ckpt_watch_sigterm: more than %d "
+			    "handles opted in",
 			    SIG_FDS / 2);
 		goto out;
 	}
@@ -244,8 +246,8 @@ int eng_watch_open(struct ckpt *c)
 	w->info.nkeys = sizeof(md_keys) / sizeof(md_keys[0]);
 	w->info.healthy = 1;
 	for (i = 0; i < w->info.nkeys; i++)
-		snprintf(w->info.keys[i].key, sizeof(w->info.keys[i].key),
-			 "%s", md_keys[i]);
+		snprintf(w->info.keys[i].key, sizeof(w->info.keys[i].key), "%s",
+			 md_keys[i]);
 	c->watch = w;
 	if (c->s.flags & CKPT_F_WATCH)
 		return ckpt_watch_start(c, NULL);
@@ -281,8 +283,9 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o)
 	int r;
 
 	if (!w)
-		return eng_err(NULL, -EINVAL, "ckpt_watch_start: handle is "
-					      "NULL");
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_watch_start: handle is "
+			       "NULL");
 	if (o) {
 		r = check_opts(o);
 		if (r < 0)
@@ -407,12 +410,12 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 		return 0;
 	for (i = 0; i < W_NSLOTS; i++) {
 		struct eng_notice_slot *s = &w->slot[i];
-		uint64_t seq = atomic_load_explicit(&s->seq,
-						    memory_order_acquire);
+		uint64_t seq =
+			atomic_load_explicit(&s->seq, memory_order_acquire);
 		int64_t dl;
 
-		if (seq == atomic_load_explicit(&s->acked,
-						memory_order_relaxed))
+		if (seq ==
+		    atomic_load_explicit(&s->acked, memory_order_relaxed))
 			continue;
 		dl = atomic_load(&s->deadline_ns);
 		if (best < 0 || sort_key(dl) < sort_key(best_dl)) {
@@ -465,8 +468,7 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 		period = (int64_t)secs * 1000000000 /
 			 atomic_load_explicit(&w->time_scale,
 					      memory_order_relaxed);
-		if (eng_mono_ns() - atomic_load(&w->last_save_mono) >=
-		    period) {
+		if (eng_mono_ns() - atomic_load(&w->last_save_mono) >= period) {
 			fill_advice(advice, CKPT_REASON_PERIODIC, 0, 0, 0);
 			return 1;
 		}

@@ -28,8 +28,8 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <strings.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,8 +109,7 @@ static size_t on_header(char *p, size_t sz, size_t n, void *arg)
 	return len;
 }
 
-static void key_state(struct md *m, struct mdkey *k, int state,
-		      const char *err)
+static void key_state(struct md *m, struct mdkey *k, int state, const char *err)
 {
 	struct eng_watch *w = m->w;
 	ckpt_watch_key *ik = &w->info.keys[k->idx];
@@ -176,9 +175,9 @@ static int64_t rfc3339_ns(const char *s)
 	time_t t;
 
 	memset(&tm, 0, sizeof(tm));
-	if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year,
-			 &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-			 &tm.tm_sec, &n) != 6)
+	if (!s ||
+	    sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon,
+		   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6)
 		return 0;
 	tm.tm_year -= 1900;
 	tm.tm_mon -= 1;
@@ -196,11 +195,6 @@ static int64_t rfc3339_ns(const char *s)
 	return (int64_t)t * 1000000000;
 }
 
-static void notice(struct md *m, int slot, int64_t deadline)
-{
-	eng_watch_raise(m->w, slot, eng_unix_ns(), deadline, 1);
-}
-
 /* upcoming-maintenance: 0 nothing scheduled, 1 a window (its start in
  * *start, 0 if none given), -1 not a valid document. */
 static int upcoming_parse(const char *body, int64_t *start)
@@ -209,7 +203,8 @@ static int upcoming_parse(const char *body, int64_t *start)
 	int r = -1;
 
 	*start = 0;
-	if (!strcmp(body, "NONE"))
+	/* NONE, as text or (alt=json) as a JSON string */
+	if (!strcmp(body, "NONE") || !strcmp(body, "\"NONE\""))
 		return 0;
 	doc = json_loads(body, JSON_REJECT_DUPLICATES, NULL);
 	if (!doc)
@@ -256,14 +251,15 @@ static void accept_value(struct md *m, struct mdkey *k, const char *val)
 	if (!changed)
 		return;
 	if (k->idx == K_MAINT && strcmp(val, "NONE"))
-		notice(m, W_MAINT, now + ms_ns(w->o.maintenance_window_ms));
+		eng_watch_raise(w, W_MAINT, now,
+				now + ms_ns(w->o.maintenance_window_ms), 1);
 	else if (k->idx == K_PREEMPT && !strcmp(val, "TRUE"))
-		notice(m, W_PREEMPT, now + ms_ns(w->o.preempted_window_ms));
-	else if (k->idx == K_UPCOMING &&
-		 upcoming_parse(val, &start) == 1 &&
+		eng_watch_raise(w, W_PREEMPT, now,
+				now + ms_ns(w->o.preempted_window_ms), 1);
+	else if (k->idx == K_UPCOMING && upcoming_parse(val, &start) == 1 &&
 		 strcmp(k->noticed, val)) {
 		snprintf(k->noticed, sizeof(k->noticed), "%s", val);
-		notice(m, W_UPCOMING, start);
+		eng_watch_raise(w, W_UPCOMING, now, start, 1);
 	}
 }
 
@@ -300,8 +296,9 @@ static void finish(struct md *m, struct mdkey *k, CURLcode res)
 		snprintf(why, sizeof(why), "HTTP %ld", code);
 		fail(m, k, why);
 	} else if (!k->rx_etag[0] || memchr(k->body, 0, k->len) ||
-		   (k->idx != K_UPCOMING ? !token_ok(k->body) :
-					   upcoming_parse(k->body, &start) < 0)) {
+		   (k->idx != K_UPCOMING ?
+			    !token_ok(k->body) :
+			    upcoming_parse(k->body, &start) < 0)) {
 		fail(m, k, "malformed reply (no ETag or not a value)");
 	} else {
 		accept_value(m, k, k->body);
@@ -322,13 +319,14 @@ static void send_req(struct md *m, struct mdkey *k)
 	if (k->idx == K_UPCOMING)
 		snprintf(k->url, sizeof(k->url), "%s%s?alt=json", m->base, key);
 	else if (lp)
-		snprintf(k->url, sizeof(k->url),
-			 "%s%s?wait_for_change=true&last_etag=%s&timeout_sec=%u",
-			 m->base, key, k->etag, w->o.timeout_sec);
+		snprintf(
+			k->url, sizeof(k->url),
+			"%s%s?wait_for_change=true&last_etag=%s&timeout_sec=%u",
+			m->base, key, k->etag, w->o.timeout_sec);
 	else
 		snprintf(k->url, sizeof(k->url), "%s%s", m->base, key);
-	tmo = (long)w->o.http_slack_ms + (lp ? (long)w->o.timeout_sec * 1000 :
-					       0);
+	tmo = (long)w->o.http_slack_ms +
+	      (lp ? (long)w->o.timeout_sec * 1000 : 0);
 	k->len = 0;
 	k->flavor = 0;
 	k->rx_etag[0] = 0;
@@ -449,8 +447,8 @@ void *eng_watch_md_main(void *arg)
 		if (next == 0)
 			continue;
 		next = (next - eng_mono_ns()) / 1000000 + 1;
-		curl_multi_poll(m.multi, &wfd, 1, next > 1000 ? 1000 : (int)next,
-				NULL);
+		curl_multi_poll(m.multi, &wfd, 1,
+				next > 1000 ? 1000 : (int)next, NULL);
 		if (wfd.revents && read(w->wake_efd, &junk, sizeof(junk)) > 0)
 			eng_watch_sigterm_seen(w);
 	}

@@ -40,7 +40,9 @@
  *    taking them, before that function returns: the progress callbacks of
  *    ckpt_reader_verify() and ckpt_reader_copy() between units of work,
  *    the ckpt_gc_fn of ckpt_gc() once per step directory. The library's
- *    worker threads never call user code. A callback must not call the
+ *    worker threads never call user code; the one exception is the
+ *    watcher's ckpt_watch_opts.on_notice, which runs on the watcher
+ *    thread (see ckpt_watch_start). A callback must not call the
  *    handle it reports on (a reader is used by one thread at a time; see
  *    ckpt_gc for the gc callback).
  *  - each handle keeps one last-error message: the message of the most
