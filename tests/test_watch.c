@@ -256,6 +256,7 @@ START_TEST(test_policy_default)
 	ckpt *c = open_handle();
 	ckpt_save_advice a;
 	ckpt_watch_info st;
+	ckpt_watch_opts o;
 
 	/* no watcher: hourly, so not now; no thread, no handler */
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 0);
@@ -266,6 +267,19 @@ START_TEST(test_policy_default)
 	ck_assert_int_ge(ckpt_watch_fd(c), 0);
 	ck_assert_int_eq(ckpt_should_save(NULL, 1, &a), 0);
 	ck_assert_str_eq(ckpt_reason_name(CKPT_REASON_UPCOMING), "upcoming");
+	/* bad options are refused and start nothing */
+	ckpt_watch_opts_default(&o);
+	o.reserved[3] = 1;
+	ck_assert_int_eq(ckpt_watch_start(c, &o), -EINVAL);
+	ckpt_watch_opts_default(&o);
+	o.flags = 1u << 7;
+	ck_assert_int_eq(ckpt_watch_start(c, &o), -EINVAL);
+	ckpt_watch_opts_default(&o);
+	o.time_scale = 0;
+	ck_assert_int_eq(ckpt_watch_start(c, &o), -EINVAL);
+	ck_assert_int_eq(ckpt_watch_state(c, &st), 0);
+	ck_assert_int_eq(st.running, 0);
+	ck_assert_int_eq(ckpt_watch_state(c, NULL), -EINVAL);
 	ck_assert_int_eq(ckpt_close(c), 0);
 }
 END_TEST
@@ -500,7 +514,6 @@ START_TEST(test_upcoming)
 	k = key_info(c, 2);
 	ck_assert_int_eq(k.state, CKPT_WKEY_UNKNOWN);
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 0);
-	ck_assert_int_eq(ckpt_watch_state(c, &(ckpt_watch_info){ 0 }), 0);
 
 	/* a window: its start is the deadline, reported once */
 	md_set(&s, UM, win);
@@ -775,10 +788,15 @@ START_TEST(test_close_in_flight)
 	ck_assert_int_eq(st.running, 1);
 	md_wait_polls(&s, ME, 1);
 	md_wait_polls(&s, PR, 1);
-	/* and one request hanging on upcoming-maintenance's next poll */
+	/* and every next request hangs far longer than this test may run */
+	md_post(&s, "fault",
+		"{\"kind\": \"hang\", \"hang_seconds\": 300, "
+		"\"seconds\": 300, \"open\": true}");
 	t0 = now_s();
 	ck_assert_int_eq(ckpt_close(c), 0);
-	printf("close with 2 long-polls in flight: %.3f s\n", now_s() - t0);
+	printf("close with 2 long-polls and a hanging request in flight: "
+	       "%.3f s\n",
+	       now_s() - t0);
 	/* the server sees them go */
 	snprintf(url, sizeof(url), "%s/_fake/wait?long_polls=0&cmp=le", s.url);
 	ck_assert_int_eq(gt_http("GET", url, NULL, NULL), 200);
