@@ -503,9 +503,9 @@ START_TEST(test_upcoming)
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 0);
 	ck_assert_uint_eq(key_info(c, 2).errors, 0);
 
+	ck_assert_int_eq(ckpt_close(c), 0);
 	md_stop(&s);
 	md_start(&s, NULL, NULL);
-	ckpt_close(c);
 	c = open_handle();
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
 	snprintf(body, sizeof(body), "{\"key\": \"%s\", \"status\": 503}", UM);
