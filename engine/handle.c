@@ -101,12 +101,13 @@ static int check_settings(const ckpt_settings *s)
 		return eng_err(NULL, -EINVAL,
 			       "settings.queue_depth: %u outside [1, 4096]",
 			       s->queue_depth);
-	if (s->flags &
-	    ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING))
-		return eng_err(
-			NULL, -EINVAL, "settings.flags: unknown bits 0x%x",
-			s->flags & ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT |
-				     CKPT_F_NO_URING));
+	if (s->flags & ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT |
+			 CKPT_F_NO_URING | CKPT_F_WATCH))
+		return eng_err(NULL, -EINVAL,
+			       "settings.flags: unknown bits 0x%x",
+			       s->flags & ~(CKPT_F_NO_DIRECT |
+					    CKPT_F_MANUAL_COMMIT |
+					    CKPT_F_NO_URING | CKPT_F_WATCH));
 	if (s->staging_bytes > (1ull << 46))
 		return eng_err(NULL, -EINVAL,
 			       "settings.staging_bytes: %llu is absurdly large",
@@ -195,6 +196,7 @@ static void handle_free(struct ckpt *c)
 
 	if (!c)
 		return;
+	eng_watch_close(c);
 	pthread_mutex_lock(&c->mu);
 	c->shutdown = 1;
 	pthread_cond_broadcast(&c->work_cv);
@@ -317,6 +319,12 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 			goto fail;
 		}
 		c->writer_started = 1;
+	}
+	r = eng_watch_open(c);
+	if (r < 0) {
+		eng_err(NULL, r, "cannot set up the watcher: %s",
+			ckpt_strerror(r));
+		goto fail;
 	}
 	c->state = CKPT_STATE_IDLE;
 	*out = c;

@@ -544,6 +544,7 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	c->status_msg[0] = 0;
 	c->step = step;
 	c->reason = reason;
+	eng_watch_save_started(c, step, reason);
 	c->bytes_total = job->payload_total;
 	c->bytes_staged = c->bytes_written = c->bytes_committed = 0;
 	c->bytes_stored = 0;

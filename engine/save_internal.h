@@ -231,7 +231,16 @@ struct ckpt {
 	uint64_t step;
 	uint64_t bytes_total, bytes_staged, bytes_written, bytes_committed,
 		bytes_stored;
+
+	struct eng_watch *watch; /* when to save (watch.c) */
 };
+
+/* watch.c: the handle's save policy and metadata watcher. open allocates
+ * it (and starts the watcher with CKPT_F_WATCH); close stops the thread;
+ * save.c reports each save that starts (under mu). */
+int eng_watch_open(struct ckpt *c);
+void eng_watch_close(struct ckpt *c);
+void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason);
 
 /* io_uring registers at most 1 GiB per iovec: buffers are registered in
  * pieces of this size (eng_buf.fixed is the piece index). */

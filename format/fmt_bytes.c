@@ -233,7 +233,7 @@ static const char *const codecs[CKPT_CODEC_COUNT] = {
  * (SPEC.md sections 7 and 8). */
 static const char *const reason_names[CKPT_REASON_COUNT] = {
 	"unspecified", "periodic", "maintenance", "preempted",
-	"sigterm",     "manual",   "requested",
+	"sigterm",     "manual",   "requested", "upcoming",
 };
 
 CKPT_API const char *ckpt_reason_name(int reason)

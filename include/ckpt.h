@@ -40,7 +40,9 @@
  *    taking them, before that function returns: the progress callbacks of
  *    ckpt_reader_verify() and ckpt_reader_copy() between units of work,
  *    the ckpt_gc_fn of ckpt_gc() once per step directory. The library's
- *    worker threads never call user code. A callback must not call the
+ *    worker threads never call user code; the one exception is the
+ *    watcher's ckpt_watch_opts.on_notice, which runs on the watcher
+ *    thread (see ckpt_watch_start). A callback must not call the
  *    handle it reports on (a reader is used by one thread at a time; see
  *    ckpt_gc for the gc callback).
  *  - each handle keeps one last-error message: the message of the most
@@ -202,6 +204,9 @@ CKPT_API int ckpt_codec_from_name(const char *name);
                                         the caller runs ckpt_commit() */
 #define CKPT_F_NO_URING (1u << 2)     /* plain pwrite/pread instead of
                                         io_uring (for debugging) */
+#define CKPT_F_WATCH (1u << 3)        /* ckpt_open() starts the maintenance
+                                         watcher with default options
+                                         (see ckpt_watch_start) */
 
 typedef struct ckpt_settings {
 	/* Staging pool, allocated and pre-faulted once by ckpt_open().
@@ -356,7 +361,8 @@ enum ckpt_save_reason {
 	CKPT_REASON_SIGTERM = 4,     /* the process is being stopped */
 	CKPT_REASON_MANUAL = 5,      /* an operator asked */
 	CKPT_REASON_REQUESTED = 6,   /* the orchestrator asked */
-	CKPT_REASON_COUNT = 7
+	CKPT_REASON_UPCOMING = 7,    /* a maintenance window is scheduled */
+	CKPT_REASON_COUNT = 8
 };
 
 /* "unspecified", "periodic", ...; NULL if unknown. */
@@ -679,6 +685,177 @@ CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out);
  */
 CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			      ckpt_progress_fn fn, void *arg);
+
+/* ------------------------------------------------------------------ */
+/* Maintenance awareness: when to save                                */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A handle knows when the training loop should save: a periodic policy
+ * (every N steps and/or every T seconds, default every 3600 s) and, once
+ * the watcher runs, the notices of the GCE metadata server
+ * (instance/maintenance-event and instance/preempted under long-polls,
+ * instance/upcoming-maintenance polled about once a minute), SIGTERM when
+ * the application opted in (ckpt_watch_sigterm) and ckpt_request_save().
+ *
+ * The watcher is one thread the handle owns (libcurl, one connection per
+ * key); it finds the server as Google's clients do (GCE_METADATA_HOST =
+ * host[:port], default metadata.google.internal), sends and requires
+ * Metadata-Flavor: Google, backs off with jitter on any failure and keeps
+ * watching; a key answering 404 is not offered on this VM and is only
+ * re-checked rarely. It never blocks the training loop: ckpt_should_save()
+ * reads atomics only.
+ */
+
+/* ckpt_watch_opts.flags */
+#define CKPT_WATCH_NO_METADATA (1u << 0) /* policy, SIGTERM and requests
+                                            only: no watcher thread */
+
+/* Called on the watcher thread (or, for SIGTERM, on the watcher thread
+ * once it has seen the signal; never in the signal handler) once per new
+ * notice. It must return quickly and must not call ckpt_close() on the
+ * handle; ckpt_should_save(), ckpt_watch_state() and ckpt_save*() from it
+ * are allowed. */
+struct ckpt_save_advice;
+typedef void (*ckpt_notice_fn)(void *arg,
+			       const struct ckpt_save_advice *advice);
+
+typedef struct ckpt_watch_opts {
+	uint32_t flags;           /* CKPT_WATCH_* */
+	/* Periodic policy: a save is due every every_steps steps (0 = off;
+	 * counted from the last save started, or from the first step
+	 * rounded down to a multiple) and every every_seconds seconds
+	 * (0 = off) since the last save started (or the policy was set).
+	 * Defaults 0 and 3600. time_scale (default 1) makes the policy's
+	 * clock run that many times faster (tests). */
+	uint32_t every_steps;
+	uint32_t every_seconds;
+	uint32_t time_scale;
+	/* Long-polls: timeout_sec (default 60) is sent to the server; the
+	 * HTTP timeout is timeout_sec * 1000 + http_slack_ms (default
+	 * 10000). upcoming-maintenance is fetched every
+	 * upcoming_interval_ms (default 60000); a key that answered 404 is
+	 * asked again after absent_recheck_ms (default 600000). Failures
+	 * back off from backoff_min_ms (100) doubling to backoff_max_ms
+	 * (30000), each delay drawn in [d/2, d]. */
+	uint32_t timeout_sec;
+	uint32_t http_slack_ms;
+	uint32_t upcoming_interval_ms;
+	uint32_t absent_recheck_ms;
+	uint32_t backoff_min_ms;
+	uint32_t backoff_max_ms;
+	/* Deadline of each notice, from the moment it was seen: defaults
+	 * 60000 (maintenance-event), 30000 (preempted), 300000 (SIGTERM:
+	 * Cloud TPU stops the VM at most 5 minutes after it). */
+	uint32_t maintenance_window_ms;
+	uint32_t preempted_window_ms;
+	uint32_t sigterm_window_ms;
+	ckpt_notice_fn on_notice; /* NULL: none */
+	void *arg;
+	uint64_t reserved[8];     /* must be zero */
+} ckpt_watch_opts;
+
+/* Fills *o with the defaults above. */
+CKPT_API void ckpt_watch_opts_default(ckpt_watch_opts *o);
+
+/*
+ * Sets the policy and, unless CKPT_WATCH_NO_METADATA, starts the watcher
+ * thread (CKPT_F_WATCH in the settings does this with defaults inside
+ * ckpt_open). `o` NULL means defaults. Call it once, before the training
+ * loop starts asking: a second call is CKPT_E_BUSY. Without it a handle
+ * still answers ckpt_should_save() with the default periodic policy.
+ * The watcher stops in ckpt_close(), even with requests in flight.
+ */
+CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o);
+
+/* What ckpt_should_save() advises. */
+typedef struct ckpt_save_advice {
+	int32_t reason;      /* enum ckpt_save_reason; UNSPECIFIED if not */
+	uint32_t flags;      /* none defined yet */
+	int64_t deadline_ns; /* unix ns by which the save should be durable,
+	                        0 = none (periodic). Notice seen + the
+	                        window (maintenance, preempted, SIGTERM);
+	                        the window's start for an upcoming one */
+	int64_t notice_ns;   /* unix ns the notice was seen (0: periodic) */
+	uint64_t event;      /* number of the notice (1, 2, ...), 0 periodic */
+	uint64_t reserved[4];
+} ckpt_save_advice;
+
+/*
+ * One cheap call per training step (atomics and the vDSO clock only: no
+ * lock, no system call). Returns 1 when a save is due, with the reason
+ * and deadline in *advice (may be NULL), else 0 (advice->reason
+ * UNSPECIFIED). Of several pending notices the one with the earliest
+ * deadline is given; a notice beats the periodic policy. A notice keeps
+ * being reported until a save with its reason (ckpt_save_ex, opts.reason)
+ * starts; any save that starts resets the periodic timer and step count.
+ */
+CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
+			      ckpt_save_advice *advice);
+
+/*
+ * An eventfd (owned by the handle, EFD_NONBLOCK) that becomes readable
+ * when a notice arrives, for loops that wait in poll/epoll. Read 8 bytes
+ * to reset it; ckpt_should_save() says what the notice is. -1 if none.
+ */
+CKPT_API int ckpt_watch_fd(const ckpt *c);
+
+/* Raises a CKPT_REASON_REQUESTED notice with this deadline (unix ns, 0 =
+ * none). Safe from any thread; async-signal-safe. */
+CKPT_API int ckpt_request_save(ckpt *c, int64_t deadline_ns);
+
+/*
+ * Opt-in: installs a SIGTERM handler (once per process; later calls add
+ * this handle) that only records the signal, with atomics and a write to
+ * eventfds (async-signal-safe), then calls the handler that was installed
+ * before it, if any (a previous SIG_DFL or SIG_IGN is not called: the
+ * process keeps running so it can save). Every opted-in handle then
+ * reports CKPT_REASON_SIGTERM with deadline signal + sigterm_window_ms.
+ * The library never installs a handler unless asked.
+ */
+CKPT_API int ckpt_watch_sigterm(ckpt *c);
+
+/* State of one watched key (ckpt_watch_info.keys). */
+enum ckpt_watch_key_state {
+	CKPT_WKEY_UNKNOWN = 0, /* not asked yet, or the last reply was not a
+	                          clean 200 (the value is kept, not cleared) */
+	CKPT_WKEY_OK = 1,      /* the last reply was a valid value */
+	CKPT_WKEY_ABSENT = 2,  /* 404: this VM does not get this notice */
+	CKPT_WKEY_ERROR = 3    /* failing: backing off and retrying */
+};
+
+#define CKPT_WATCH_MAX_KEYS 4
+
+typedef struct ckpt_watch_key {
+	char key[48];        /* "instance/maintenance-event", ... */
+	char value[256];     /* last good value ("" before any); truncated */
+	char etag[40];       /* its ETag */
+	char error[160];     /* last error ("" if none yet) */
+	int32_t state;       /* enum ckpt_watch_key_state */
+	uint32_t flags;      /* none defined yet */
+	int64_t changed_ns;  /* unix ns the value last changed (0: never) */
+	int64_t ok_ns;       /* unix ns of the last good reply */
+	uint64_t requests;   /* requests sent */
+	uint64_t errors;     /* requests that failed (not 404) */
+	uint64_t changes;    /* value changes seen */
+	uint64_t reserved[4];
+} ckpt_watch_key;
+
+typedef struct ckpt_watch_info {
+	int32_t running;     /* 1 while the watcher thread runs */
+	int32_t healthy;     /* 1 healthy, 0 degraded (a key is failing) */
+	uint32_t nkeys;
+	uint32_t sigterm;    /* 1 if this handle opted in to SIGTERM */
+	uint64_t notices;    /* notices raised so far */
+	uint64_t degraded;   /* times the watcher went healthy -> degraded */
+	char host[128];      /* the server asked (host[:port]) */
+	uint64_t reserved[6];
+	ckpt_watch_key keys[CKPT_WATCH_MAX_KEYS];
+} ckpt_watch_info;
+
+/* A snapshot of the watcher's state (taken under its lock: not for the
+ * training loop's hot path). */
+CKPT_API int ckpt_watch_state(const ckpt *c, ckpt_watch_info *out);
 
 #ifdef __cplusplus
 }

@@ -45,7 +45,7 @@ static const char help_import[] =
 	"                                of 4096; default 4M)\n"
 	"  -r, --reason REASON           why the step is saved, kept in its commit\n"
 	"                                record: periodic, maintenance, preempted,\n"
-	"                                sigterm, manual or requested\n"
+	"                                sigterm, manual, requested or upcoming\n"
 	"  -j, --json                    print a machine-readable summary\n"
 	"  -h, --help                    show this help\n"
 	"\n"

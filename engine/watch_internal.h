@@ -1,0 +1,83 @@
+/*
+ * watch_internal.h - state shared by watch.c (policy, ckpt_should_save,
+ * SIGTERM, the public watcher API) and watch_md.c (the metadata watcher
+ * thread).
+ *
+ * Design note. Everything ckpt_should_save() reads is an atomic: one
+ * notice slot per source (maintenance-event, preempted,
+ * upcoming-maintenance, requested) holds a sequence number bumped by the
+ * writer after it stored the notice's deadline (release), and the sequence
+ * acknowledged by the last save that started with that reason. SIGTERM
+ * uses one process-wide sequence written by the signal handler. The
+ * human-readable state (values, ETags, errors, counts) lives under `mu`
+ * and is only copied out by ckpt_watch_state().
+ *
+ *   metadata server --HTTP--> watch_md.c thread --atomics--> slot[]
+ *   SIGTERM handler --atomics + eventfd write------------------^
+ *   training loop: ckpt_should_save() reads slot[], policy clock
+ *   save.c: eng_watch_save_started() acknowledges, resets the clock
+ */
+#ifndef CKPT_WATCH_INTERNAL_H
+#define CKPT_WATCH_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+
+enum { W_MAINT = 0, W_PREEMPT, W_UPCOMING, W_REQUESTED, W_NSLOTS };
+
+struct eng_notice_slot {
+	atomic_ullong seq;   /* notices raised */
+	atomic_ullong acked; /* seq when a save with this reason started */
+	atomic_llong deadline_ns, notice_ns;
+	atomic_ullong event; /* handle-wide number of the latest notice */
+};
+
+struct eng_watch {
+	int notify_efd; /* readable on a notice (ckpt_watch_fd) */
+	int wake_efd;   /* wakes the watcher thread: stop, SIGTERM */
+
+	/* policy, set by ckpt_watch_start (atomics: read by should_save) */
+	atomic_uint every_steps, every_seconds, time_scale;
+	atomic_uint sigterm_window_ms;
+	atomic_llong last_save_mono; /* CLOCK_MONOTONIC ns */
+	atomic_ullong last_save_step;
+	atomic_int have_step_base;
+
+	struct eng_notice_slot slot[W_NSLOTS];
+	atomic_ullong events;     /* notices raised on this handle */
+	atomic_int sigterm_opted; /* ckpt_watch_sigterm() called */
+	atomic_ullong sig_acked;  /* process SIGTERM seq acknowledged */
+	atomic_ullong sig_seen;   /* ... reported to on_notice */
+	atomic_int started;       /* ckpt_watch_start() called */
+	atomic_int stop;          /* the thread must return */
+
+	ckpt_watch_opts o; /* written before the thread starts */
+	pthread_t thr;
+	int thr_started;
+
+	pthread_mutex_t mu; /* guards info */
+	ckpt_watch_info info;
+};
+
+/* watch.c */
+/* The process-wide SIGTERM sequence and the unix ns of the latest one. */
+uint64_t eng_sigterm_seq(void);
+int64_t eng_sigterm_ns(void);
+/* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
+int64_t eng_unix_ns(void);
+int64_t eng_mono_ns(void);
+/* Raises a notice on slot `slot` (watcher thread or ckpt_request_save):
+ * stores the deadline, bumps the sequence, wakes the notify fd. Calls
+ * on_notice when `callback` (never from a signal handler). */
+void eng_watch_raise(struct eng_watch *w, int slot, int64_t notice_ns,
+		     int64_t deadline_ns, int callback);
+/* Calls on_notice for a SIGTERM the thread has just seen. */
+void eng_watch_sigterm_seen(struct eng_watch *w);
+
+/* watch_md.c: the thread's body (arg: struct eng_watch *). */
+void *eng_watch_md_main(void *arg);
+
+#endif
