@@ -1291,7 +1291,9 @@ START_TEST(test_save_opts)
 				      strstr(ckpt_errmsg(c), "deadline"),
 			      "%s", ckpt_errmsg(c));
 	}
-	ck_assert_int_eq(tu_exists(tu_step_dir(dir, 4)), 0);
+	char *sd4 = tu_step_dir(dir, 4);
+	ck_assert_int_eq(tu_exists(sd4), 0);
+	free(sd4);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	for (uint64_t s = 1; s <= 3; s++)
 		ck_assert_msg(tu_check_root(dir, s, &set, why, sizeof(why)) == 0,
