@@ -56,6 +56,10 @@ CKPT_API const char *ckpt_errmsg(const ckpt *c)
 	return copy;
 }
 
+/* `remote` took the place of one reserved member: the size is ABI. */
+_Static_assert(sizeof(void *) != 8 || sizeof(ckpt_settings) == 120,
+	       "ckpt_settings changed size");
+
 static int check_settings(const ckpt_settings *s)
 {
 	size_t i;
@@ -222,6 +226,7 @@ static void handle_free(struct ckpt *c)
 CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 {
 	struct ckpt *c = NULL;
+	const char *remote;
 	size_t len;
 	unsigned i;
 	int r;
@@ -250,6 +255,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	r = check_settings(&c->s);
 	if (r < 0)
 		goto fail;
+	/* the upload sink keeps its own copy (sink_gcs.c) */
+	remote = c->s.remote;
+	c->s.remote = NULL;
 	c->nworkers = c->s.threads ? c->s.threads : eng_ncpus();
 	c->root = strdup(dir);
 	if (!c->root) {
@@ -319,6 +327,15 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 			goto fail;
 		}
 		c->writer_started = 1;
+		if (remote) {
+			eng_sink *up;
+
+			r = eng_gcs_sink_new(c, remote, &up);
+			if (r == 0)
+				r = eng_sink_add(c, up);
+			if (r < 0)
+				goto fail;
+		}
 	}
 	r = eng_watch_open(c);
 	if (r < 0) {

@@ -8,6 +8,7 @@
  *     encode.c    worker threads: hash, codec, chunk framing
  *     writer.c    writer thread: dispatch to sinks, index, commit (commit.c)
  *     sink_local.c the local shard-file sink (io_uring / pwrite)
+ *     sink_gcs.c   the upload sink (Cloud Storage; journal.c)
  *   pool.c        buffers, refcounts, free lists, job status (bottom layer)
  *
  * save.c, encode.c, writer.c and the sinks never call each other: they meet
@@ -301,6 +302,13 @@ void *eng_writer_main(void *arg);
 
 /* sink_local.c */
 int eng_local_sink_new(struct ckpt *c, eng_sink **out);
+
+/* sink_gcs.c */
+/* The upload sink for a gs://BUCKET/PREFIX location, with its upload
+ * thread; resumes the uploads journaled under c->root. */
+int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out);
+/* Splits gs://BUCKET/PREFIX (malloc'd; -EINVAL if not one). */
+int eng_gcs_parse(const char *loc, char **bucket, char **prefix);
 
 /* commit.c */
 /* The commit of ckpt_commit(): errbuf gets the message. */

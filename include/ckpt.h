@@ -242,7 +242,14 @@ typedef struct ckpt_settings {
 	uint32_t keep_last;
 	uint32_t keep_every;
 	uint32_t flags; /* CKPT_F_* */
-	uint64_t reserved[8]; /* must be zero */
+	/* A Cloud Storage location "gs://BUCKET/PREFIX" that receives the same
+	 * bytes as the directory ("both"): the step is saved and committed
+	 * locally first, the upload finishes in the background (journaled
+	 * under DIR/.upload, resumed by the next ckpt_open on DIR) and the step
+	 * is committed in the bucket once every host's part is there. See
+	 * ckpt_upload_status(). NULL (default): none. Copied by ckpt_open. */
+	const char *remote;
+	uint64_t reserved[7]; /* must be zero */
 } ckpt_settings;
 
 /* Fills *s with the defaults above. */
@@ -431,6 +438,36 @@ typedef struct ckpt_sink_status {
  */
 CKPT_API int ckpt_sink_status_get(ckpt *c, ckpt_sink_status *out,
 				  size_t max, size_t *count);
+
+/* State of the background upload (ckpt_settings.remote). */
+enum ckpt_upload_state {
+	CKPT_UPLOAD_NONE = 0,      /* no remote, or nothing uploaded yet */
+	CKPT_UPLOAD_RUNNING = 1,   /* bytes moving (live or from the files) */
+	CKPT_UPLOAD_COMMITTED = 2, /* last step committed in the bucket */
+	CKPT_UPLOAD_UPLOADED = 3,  /* this host's part is there; another host
+	                              commits the step when its part lands */
+	CKPT_UPLOAD_FAILED = 4     /* see status and msg; the journal stays */
+};
+
+typedef struct ckpt_upload_status {
+	uint64_t step;            /* step of the upload described */
+	int32_t state;            /* enum ckpt_upload_state */
+	int32_t status;           /* 0 or the error of the last failure */
+	uint64_t bytes_total;     /* of this host's shard files */
+	uint64_t bytes_confirmed; /* the server has them */
+	uint32_t pending_steps;   /* steps not yet uploaded (incl. this) */
+	uint32_t reserved0;
+	uint64_t retries;         /* HTTP attempts that repeated one */
+	char msg[256];            /* last failure ("" if none) */
+	uint64_t reserved[4];
+} ckpt_upload_status;
+
+/* The upload's status; -ENOENT if the handle has no remote. */
+CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out);
+/* Blocks until every pending upload is committed in the bucket (or this
+ * host's part is there) or failed, at most timeout_ms (< 0: no limit).
+ * Returns 0, the upload's error, or -ETIMEDOUT. */
+CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms);
 
 /*
  * Writes the commit record of `step` after checking that every host's

@@ -599,10 +599,10 @@ START_TEST(test_reader_misuse)
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 4, NULL), CKPT_E_NOTFOUND);
 	ckpt_settings rs;
 	ckpt_settings_default(&rs);
-	rs.reserved[7] = 1;
+	rs.reserved[6] = 1;
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, &rs), -EINVAL);
 	ck_assert_ptr_null(r);
-	ck_assert_msg(strstr(ckpt_reader_errmsg(NULL), "reserved[7]"),
+	ck_assert_msg(strstr(ckpt_reader_errmsg(NULL), "reserved[6]"),
 		      "message \"%s\"", ckpt_reader_errmsg(NULL));
 	ckpt_settings_default(&rs);
 	rs.flags = 1u << 31;

@@ -1,0 +1,1012 @@
+/*
+ * sink_gcs.c - the upload sink: the same shard bytes, streamed to Cloud
+ * Storage (ckpt_settings.remote), committed in the bucket pod-wide.
+ *
+ * Design note. Threads: the writer calls this sink through eng_sink_ops
+ * like any other; the Cloud Storage client (gcs/) is not thread-safe and
+ * is owned by one upload thread per handle, started at ckpt_open. The
+ * writer never blocks on the network: put() pushes the buffer on a small
+ * queue (no allocation: the queue and the per-buffer release contexts are
+ * sized from the pool at begin) and calls gcs_wakeup(); the upload thread
+ * appends it to the file's resumable upload, and the release callback,
+ * run by the client once the server confirmed the bytes, drops the sink's
+ * reference (eng_sink_release wakes the writer's eventfd). So the bytes go
+ * out from the staging buffers, never copied. One resumable upload per
+ * shard file (object PREFIX/step-N/hH-fF.shard), all files of a step at
+ * once over the client's multi interface (CKPT_GCS_STREAMS connections).
+ *
+ *   writer: begin --> headers (job->hdrs) queued first, then
+ *           put(b) --> queue --> upload thread: gcs_upload_append(b->p)
+ *                                      --> 308 confirms --> release(b)
+ *   writer: finish (local files durable) --> handover, below
+ *   upload thread, background: per file resume (status query) and the
+ *           rest pread from the local shard file --> finish with crc32c
+ *           --> host index (create-only) --> COMMIT in the bucket
+ *
+ * Local first: at finish() the local sink has made every byte durable.
+ * The sink may not hold staging buffers past the save (they belong to the
+ * next one), so the writer's finish hands over: every upload gives its
+ * staged buffers back (gcs_upload_free releases the unconfirmed ones) and
+ * keeps its session URI; the upload thread then resumes each session
+ * where the server says it stopped and reads the rest from the local file.
+ * A sink detached for lagging (save_internal.h) does the same, from
+ * abort(). Thus ckpt_wait() returns when the step is committed locally and
+ * the upload finishes in the background; what is unfinished is in the
+ * journal (journal.c, DIR/.upload/step-N.journal, written at each state
+ * change), and ckpt_open on DIR resumes it. crc32c: every object's crc of
+ * the whole file is sent with the last piece, so the server rejects bytes
+ * that differ; for a resumed upload the crc of the prefix the server
+ * already has is recomputed from the local file.
+ *
+ * Commit: after its index object is there, each host tries the commit of
+ * the step through the gs:// backend (eng_commit_step: every host's index
+ * present, COMMIT created with ifGenerationMatch=0). CKPT_E_INCOMPLETE
+ * means another host has yet to upload and will commit when it has (the
+ * last host to finish sees every index); CKPT_E_EXISTS means another host
+ * won: success either way. No coordinator.
+ *
+ * Failures are never silent: a failed step keeps its journal, its status
+ * is in ckpt_upload_status_get(), in this sink's ckpt_sink_status and in
+ * ckpt_upload_wait()'s result.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gcs.h"
+#include "journal.h"
+#include "save_internal.h"
+
+#define UP_PIECE (8u << 20)  /* pread size when reading local files */
+#define UP_WINDOW (2 * UP_PIECE) /* unconfirmed bytes per file from disk */
+
+enum { ST_LIVE, ST_BACKGROUND, ST_DONE, ST_FAILED };
+
+typedef struct up_file {
+	char name[64];
+	char *object;
+	uint64_t size;
+	uint64_t appended; /* bytes given to u */
+	struct gcs_upload *u;
+	char *session;
+	uint64_t confirmed;
+	uint32_t crc; /* of [0, appended) when reading the file */
+	int fd;
+	int done;
+} up_file;
+
+typedef struct up_step {
+	uint64_t step;
+	uint32_t nfiles;
+	up_file *f;
+	int state;
+	int index_done;
+	struct up_step *next;
+} up_step;
+
+typedef struct up_item {
+	const uint8_t *p;
+	size_t len;
+	uint32_t file;
+	eng_buf *b; /* NULL: a shard header (job memory) */
+} up_item;
+
+typedef struct up_rel {
+	struct gcs_sink *s;
+	eng_buf *b;
+} up_rel;
+
+typedef struct gcs_sink {
+	eng_sink base;
+	char *remote, *bucket, *prefix;
+	struct gcs_client *gc; /* the upload thread's */
+	pthread_t thr;
+	int thr_started;
+	uint32_t host, hosts;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* writer: handover done; ckpt_upload_wait */
+	/* writer -> upload thread (under mu) */
+	up_item *q;
+	unsigned qcap, qhead, qn;
+	up_rel *rel; /* one per pool buffer */
+	int handover, detach, stop;
+	eng_job *ho_job; /* handover: valid until acknowledged */
+	int ho_keep;
+	up_step *live;  /* step being saved */
+	up_step *steps; /* background, oldest first */
+	/* status (under mu) */
+	ckpt_upload_status st;
+	unsigned pending;
+	char err[ENG_ERRMSG_MAX];
+} gcs_sink;
+
+static const eng_sink_ops gcs_sink_ops;
+
+static void step_free(up_step *u)
+{
+	uint32_t i;
+
+	if (!u)
+		return;
+	for (i = 0; i < u->nfiles; i++) {
+		gcs_upload_free(u->f[i].u);
+		free(u->f[i].object);
+		free(u->f[i].session);
+		if (u->f[i].fd >= 0)
+			eng_close(u->f[i].fd);
+	}
+	free(u->f);
+	free(u);
+}
+
+static char *object_name(gcs_sink *s, uint64_t step, const char *name)
+{
+	return eng_path("%s%sstep-%" PRIu64 "/%s", s->prefix,
+			*s->prefix ? "/" : "", step, name);
+}
+
+static up_step *step_new(gcs_sink *s, uint64_t step, uint32_t nfiles)
+{
+	up_step *u = calloc(1, sizeof(*u));
+	uint32_t i;
+
+	if (!u)
+		return NULL;
+	u->step = step;
+	u->f = calloc(nfiles, sizeof(*u->f));
+	if (!u->f) {
+		free(u);
+		return NULL;
+	}
+	u->nfiles = nfiles;
+	for (i = 0; i < nfiles; i++)
+		u->f[i].fd = -1;
+	(void)s;
+	return u;
+}
+
+static int step_name_file(gcs_sink *s, up_step *u, uint32_t i,
+			  const char *name, uint64_t size)
+{
+	snprintf(u->f[i].name, sizeof(u->f[i].name), "%s", name);
+	u->f[i].size = size;
+	u->f[i].object = object_name(s, u->step, name);
+	return u->f[i].object ? 0 : -ENOMEM;
+}
+
+/* ---- journal ------------------------------------------------------- */
+
+static int journal_save(gcs_sink *s, up_step *u)
+{
+	eng_journal j;
+	eng_jfile *jf = calloc(u->nfiles, sizeof(*jf));
+	char err[ENG_ERRMSG_MAX];
+	uint32_t i;
+	int r;
+
+	if (!jf)
+		return -ENOMEM;
+	memset(&j, 0, sizeof(j));
+	j.step = u->step;
+	j.remote = s->remote;
+	j.host = s->host;
+	j.hosts = s->hosts;
+	j.index_done = u->index_done;
+	j.nfiles = u->nfiles;
+	j.files = jf;
+	for (i = 0; i < u->nfiles; i++) {
+		memcpy(jf[i].name, u->f[i].name, sizeof(jf[i].name));
+		jf[i].size = u->f[i].size;
+		jf[i].session = u->f[i].session;
+		jf[i].confirmed = u->f[i].u ?
+					  gcs_upload_persisted(u->f[i].u) :
+					  u->f[i].confirmed;
+		jf[i].done = u->f[i].done;
+	}
+	r = eng_journal_write(s->base.c->root, &j, err);
+	free(jf);
+	return r;
+}
+
+/* ---- status -------------------------------------------------------- */
+
+static void set_status(gcs_sink *s, up_step *u, int state)
+{
+	uint64_t tot = 0, conf = 0;
+	struct gcs_stats gs;
+	uint32_t i;
+
+	for (i = 0; u && i < u->nfiles; i++) {
+		tot += u->f[i].size;
+		conf += u->f[i].done ? u->f[i].size :
+			u->f[i].u    ? gcs_upload_persisted(u->f[i].u) :
+				       u->f[i].confirmed;
+	}
+	gcs_get_stats(s->gc, &gs);
+	pthread_mutex_lock(&s->mu);
+	if (u) {
+		s->st.step = u->step;
+		s->st.bytes_total = tot;
+		s->st.bytes_confirmed = conf;
+	}
+	s->st.state = state;
+	s->st.retries = gs.retries;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* A step's upload failed: kept in the journal, reported everywhere. */
+static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
+{
+	struct ckpt *c = s->base.c;
+
+	u->state = ST_FAILED;
+	pthread_mutex_lock(&s->mu);
+	s->st.status = r;
+	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s",
+		 u->step, msg);
+	snprintf(s->err, sizeof(s->err), "%s", s->st.msg);
+	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_lock(&c->mu);
+	s->base.status = r;
+	snprintf(s->base.msg, sizeof(s->base.msg), "upload of step %" PRIu64
+		 ": %.200s", u->step, msg);
+	pthread_mutex_unlock(&c->mu);
+	set_status(s, u, CKPT_UPLOAD_FAILED);
+}
+
+/* ---- writer side --------------------------------------------------- */
+
+static void release_staged(void *arg)
+{
+	up_rel *r = arg;
+
+	eng_sink_release(&r->s->base, r->b);
+}
+
+static void q_put(gcs_sink *s, const uint8_t *p, size_t len, uint32_t file,
+		  eng_buf *b)
+{
+	up_item *it;
+
+	pthread_mutex_lock(&s->mu);
+	it = &s->q[(s->qhead + s->qn++) % s->qcap];
+	it->p = p;
+	it->len = len;
+	it->file = file;
+	it->b = b;
+	pthread_mutex_unlock(&s->mu);
+	gcs_wakeup(s->gc);
+}
+
+/* Drops the queue (under s->mu): the buffers go back. */
+static void q_drop(gcs_sink *s)
+{
+	while (s->qn) {
+		up_item *it = &s->q[s->qhead];
+
+		s->qhead = (s->qhead + 1) % s->qcap;
+		s->qn--;
+		if (it->b)
+			eng_sink_release(&s->base, it->b);
+	}
+}
+
+static int gs_begin(eng_sink *es, eng_job *job)
+{
+	gcs_sink *s = (gcs_sink *)es;
+	struct ckpt *c = es->c;
+	unsigned cap = c->nslots + c->nout + job->nfiles + 1;
+	up_step *u = step_new(s, job->step, job->nfiles);
+	uint32_t f;
+
+	if (!u)
+		return -ENOMEM;
+	for (f = 0; f < job->nfiles; f++)
+		if (step_name_file(s, u, f, job->files[f].name, UINT64_MAX)) {
+			step_free(u);
+			return -ENOMEM;
+		}
+	pthread_mutex_lock(&s->mu);
+	if (s->qcap < cap) {
+		up_item *nq = realloc(s->q, cap * sizeof(*nq));
+
+		if (!nq) {
+			pthread_mutex_unlock(&s->mu);
+			step_free(u);
+			return -ENOMEM;
+		}
+		s->q = nq;
+		s->qcap = cap;
+	}
+	s->qhead = s->qn = 0;
+	s->handover = s->detach = 0;
+	s->live = u;
+	s->pending++;
+	s->st.step = job->step;
+	s->st.state = CKPT_UPLOAD_RUNNING;
+	s->st.bytes_total = job->stream_bytes;
+	s->st.bytes_confirmed = 0;
+	pthread_mutex_unlock(&s->mu);
+	for (f = 0; f < job->nfiles; f++)
+		q_put(s, job->hdrs + (size_t)f * FMT_SHARD_HDR_SIZE,
+		      FMT_SHARD_HDR_SIZE, f, NULL);
+	return 0;
+}
+
+static void gs_put(eng_sink *es, eng_buf *b)
+{
+	gcs_sink *s = (gcs_sink *)es;
+
+	q_put(s, b->p, b->span, b->file, b);
+}
+
+static int gs_pump(eng_sink *es, int failed, int *busy)
+{
+	gcs_sink *s = (gcs_sink *)es;
+
+	if (failed) {
+		pthread_mutex_lock(&s->mu);
+		q_drop(s);
+		if (!s->detach) {
+			s->detach = 1;
+			gcs_wakeup(s->gc);
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	/* Not failed: the upload never holds up the local save (finish
+	 * takes the staged buffers back). Failed: wait for them. */
+	*busy = failed && atomic_load(&es->held) > 0;
+	return 0;
+}
+
+/* Writer: the local files are durable (or the save failed: keep=0). Takes
+ * every staged buffer back from the upload thread, which then goes on with
+ * the step in the background from the local files (see ho_done). */
+static void handover(gcs_sink *s, eng_job *job, int keep)
+{
+	pthread_mutex_lock(&s->mu);
+	if (s->live) {
+		q_drop(s);
+		s->ho_job = job;
+		s->ho_keep = keep;
+		s->handover = 1;
+		gcs_wakeup(s->gc);
+		while (s->handover)
+			pthread_cond_wait(&s->cv, &s->mu);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+static int gs_finish(eng_sink *es, eng_job *job)
+{
+	handover((gcs_sink *)es, job, 1);
+	return 0;
+}
+
+static int gs_publish(eng_sink *es, eng_job *job, const char *name,
+		      const uint8_t *buf, size_t len)
+{
+	/* the index object is read back from the local file once every
+	 * shard object is there (also after a restart) */
+	(void)es, (void)job, (void)name, (void)buf, (void)len;
+	return 0;
+}
+
+static void gs_abort(eng_sink *es, eng_job *job)
+{
+	/* detached for lagging while the save went on: catch up */
+	handover((gcs_sink *)es, job, eng_job_status(es->c, job) == 0);
+}
+
+/* ---- upload thread ------------------------------------------------- */
+
+/* Staged bytes of the live step go to their file's upload. */
+static int live_append(gcs_sink *s, up_step *u, const up_item *it)
+{
+	up_file *f = &u->f[it->file];
+	struct gcs_upload_opts o = { GCS_NO_COND, GCS_SIZE_UNKNOWN, 0, 0 };
+	int r;
+
+	if (!f->u) {
+		r = gcs_upload_start(s->gc, s->bucket, f->object, &o, &f->u);
+		if (r < 0)
+			return r;
+	}
+	f->appended += it->len;
+	if (!it->b)
+		return gcs_upload_append(f->u, it->p, it->len, NULL, NULL);
+	{
+		up_rel *rel = &s->rel[it->b - s->base.c->bufs];
+
+		rel->s = s;
+		rel->b = it->b;
+		return gcs_upload_append(f->u, it->p, it->len, release_staged,
+					 rel);
+	}
+}
+
+/* Gives every staged buffer back; sessions are kept for the resume. */
+static void live_detach(up_step *u)
+{
+	uint32_t i;
+
+	for (i = 0; i < u->nfiles; i++) {
+		up_file *f = &u->f[i];
+		const char *sess = f->u ? gcs_upload_session(f->u) : NULL;
+
+		if (!f->u)
+			continue;
+		free(f->session);
+		f->session = sess ? strdup(sess) : NULL;
+		f->confirmed = gcs_upload_persisted(f->u);
+		gcs_upload_free(f->u);
+		f->u = NULL;
+		f->appended = 0;
+	}
+}
+
+static int crc_file(up_file *f, uint64_t end, uint8_t *tmp, char *err)
+{
+	uint64_t off = 0;
+
+	f->crc = 0;
+	while (off < end) {
+		size_t n = end - off < UP_PIECE ? (size_t)(end - off) :
+						  UP_PIECE;
+		int r = eng_pread_all(f->fd, tmp, n, off);
+
+		if (r < 0)
+			return eng_err(err, r, "reading %s: %s", f->name,
+				       ckpt_strerror(r));
+		f->crc = gcs_crc32c(f->crc, tmp, n);
+		off += n;
+	}
+	return 0;
+}
+
+/* Opens the local file and reattaches to (or starts) the upload. */
+static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
+{
+	struct gcs_upload_opts o = { GCS_NO_COND, f->size, 0, 0 };
+	char *path = eng_path("%s/step-%" PRIu64 "/%s", s->base.c->root,
+			      u->step, f->name);
+	uint64_t persisted = 0;
+	uint8_t *tmp;
+	int r;
+
+	if (!path)
+		return eng_err(err, -ENOMEM, "out of memory");
+	if (f->fd < 0)
+		f->fd = eng_open(path, O_RDONLY | O_CLOEXEC, 0);
+	r = f->fd < 0 ? f->fd : 0;
+	if (r < 0) {
+		eng_err(err, r, "%s: %s", path, ckpt_strerror(r));
+		free(path);
+		return r;
+	}
+	free(path);
+	if (f->session) {
+		r = gcs_upload_resume(s->gc, s->bucket, f->object, f->session,
+				      &o, &persisted, &f->u);
+		if (r == GCS_E_SESSION || r == -ENOENT) {
+			free(f->session);
+			f->session = NULL;
+		} else if (r < 0) {
+			return eng_err(err, r, "%s: resuming: %s", f->object,
+				       gcs_errmsg(s->gc));
+		}
+	}
+	if (!f->u) {
+		persisted = 0;
+		r = gcs_upload_start(s->gc, s->bucket, f->object, &o, &f->u);
+		if (r < 0)
+			return eng_err(err, r, "%s: %s", f->object,
+				       gcs_errmsg(s->gc));
+	}
+	if (persisted > f->size)
+		return eng_err(err, GCS_E_PROTOCOL,
+			       "%s: the server has %" PRIu64 " bytes of %" PRIu64,
+			       f->object, persisted, f->size);
+	tmp = malloc(UP_PIECE);
+	if (!tmp)
+		return eng_err(err, -ENOMEM, "out of memory");
+	r = crc_file(f, persisted, tmp, err);
+	free(tmp);
+	f->appended = persisted;
+	return r;
+}
+
+/* Keeps UP_WINDOW bytes of the file queued; finishes with the crc. */
+static int file_feed(gcs_sink *s, up_file *f, char *err)
+{
+	(void)s;
+	while (f->appended < f->size && gcs_upload_pending(f->u) < UP_WINDOW) {
+		size_t n = f->size - f->appended < UP_PIECE ?
+				   (size_t)(f->size - f->appended) :
+				   UP_PIECE;
+		uint8_t *p = malloc(n);
+		int r;
+
+		if (!p)
+			return eng_err(err, -ENOMEM, "out of memory");
+		r = eng_pread_all(f->fd, p, n, f->appended);
+		if (r < 0) {
+			free(p);
+			return eng_err(err, r, "reading %s at %" PRIu64 ": %s",
+				       f->name, f->appended, ckpt_strerror(r));
+		}
+		f->crc = gcs_crc32c(f->crc, p, n);
+		r = gcs_upload_append(f->u, p, n, free, p);
+		if (r < 0) {
+			free(p);
+			return eng_err(err, r, "%s: %s", f->object,
+				       gcs_errmsg(s->gc));
+		}
+		f->appended += n;
+		if (f->appended == f->size)
+			return gcs_upload_finish(f->u, &f->crc);
+	}
+	if (f->size == 0 && f->appended == 0 &&
+	    !gcs_op_done(gcs_upload_op(f->u)))
+		return gcs_upload_finish(f->u, &f->crc);
+	return 0;
+}
+
+/* The host index object, from the local file, create-only. */
+static int put_index(gcs_sink *s, up_step *u, char *err)
+{
+	char iname[32], *path, *obj;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int r;
+
+	fmt_index_name(s->host, iname);
+	path = eng_path("%s/step-%" PRIu64 "/%s", s->base.c->root, u->step,
+			iname);
+	obj = object_name(s, u->step, iname);
+	r = path && obj ? eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len,
+					err) :
+			  eng_err(err, -ENOMEM, "out of memory");
+	if (r == 0) {
+		r = gcs_put(s->gc, s->bucket, obj, buf, len, GCS_CREATE_ONLY,
+			    NULL);
+		if (r == GCS_E_PRECONDITION) {
+			/* an earlier run of ours got there: the same bytes? */
+			struct gcs_object m;
+
+			memset(&m, 0, sizeof(m));
+			r = gcs_stat(s->gc, s->bucket, obj, &m);
+			if (r == 0 && (m.size != len || !m.has_crc32c ||
+				       m.crc32c != gcs_crc32c(0, buf, len)))
+				r = CKPT_E_EXISTS;
+			gcs_object_clear(&m);
+		}
+		if (r < 0)
+			eng_err(err, r, "%s: %s", obj,
+				r == CKPT_E_EXISTS ?
+					"a different index is already there" :
+					gcs_errmsg(s->gc));
+	}
+	free(buf);
+	free(path);
+	free(obj);
+	return r;
+}
+
+/* Index, then the pod-wide commit through the gs:// backend. */
+static void step_commit(gcs_sink *s, up_step *u)
+{
+	char err[ENG_ERRMSG_MAX];
+	int r, state = CKPT_UPLOAD_COMMITTED;
+
+	err[0] = 0;
+	if (!u->index_done) {
+		r = put_index(s, u, err);
+		if (r < 0) {
+			step_failed(s, u, r, err);
+			return;
+		}
+		u->index_done = 1;
+		journal_save(s, u);
+	}
+	r = eng_commit_step(s->remote, s->hosts, u->step, err);
+	if (r == CKPT_E_INCOMPLETE)
+		state = CKPT_UPLOAD_UPLOADED;
+	else if (r < 0 && r != CKPT_E_EXISTS) {
+		step_failed(s, u, r, err);
+		return;
+	}
+	u->state = ST_DONE;
+	eng_journal_remove(s->base.c->root, u->step);
+	set_status(s, u, state);
+}
+
+/* One turn over the oldest background step. */
+static void step_run(gcs_sink *s, up_step *u)
+{
+	char err[ENG_ERRMSG_MAX];
+	uint32_t i, done = 0;
+	int r = 0, changed = 0;
+
+	for (i = 0; i < u->nfiles && r == 0; i++) {
+		up_file *f = &u->f[i];
+		const char *sess;
+
+		if (f->done) {
+			done++;
+			continue;
+		}
+		if (!f->u)
+			r = file_start(s, u, f, err);
+		if (r == 0)
+			r = file_feed(s, f, err);
+		if (r < 0)
+			break;
+		sess = gcs_upload_session(f->u);
+		if (sess && (!f->session || strcmp(sess, f->session))) {
+			free(f->session);
+			f->session = strdup(sess);
+			changed = 1;
+		}
+		if (!gcs_op_done(gcs_upload_op(f->u)))
+			continue;
+		r = gcs_op_wait(gcs_upload_op(f->u));
+		if (r < 0) {
+			eng_err(err, r, "%s", gcs_op_errmsg(gcs_upload_op(f->u)));
+			break;
+		}
+		f->done = 1;
+		f->confirmed = f->size;
+		gcs_upload_free(f->u);
+		f->u = NULL;
+		eng_close(f->fd);
+		f->fd = -1;
+		changed = 1;
+		done++;
+	}
+	if (r < 0) {
+		step_failed(s, u, r, err);
+		return;
+	}
+	if (changed)
+		journal_save(s, u);
+	set_status(s, u, CKPT_UPLOAD_RUNNING);
+	if (done == u->nfiles)
+		step_commit(s, u);
+}
+
+/* Upload thread: the writer's handover of the live step (staged buffers
+ * already given back): into the background queue, journaled, or dropped
+ * with a failed save. Acknowledged last: ho_job is valid until then. */
+static void ho_done(gcs_sink *s, up_step *u)
+{
+	eng_job *job = s->ho_job;
+	int keep = s->ho_keep;
+	uint32_t f;
+
+	if (keep) {
+		for (f = 0; f < u->nfiles; f++)
+			u->f[f].size = job->files[f].size;
+		u->state = ST_BACKGROUND;
+		journal_save(s, u);
+	}
+	pthread_mutex_lock(&s->mu);
+	s->live = NULL;
+	if (keep) {
+		up_step **pp = &s->steps;
+
+		while (*pp)
+			pp = &(*pp)->next;
+		*pp = u;
+	} else {
+		s->pending--;
+	}
+	s->handover = 0;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	if (!keep)
+		step_free(u);
+}
+
+static void *upload_main(void *arg)
+{
+	gcs_sink *s = arg;
+	up_item *batch = NULL;
+	unsigned cap = 0, n, i;
+
+	eng_thread_background(0);
+	pthread_mutex_lock(&s->mu);
+	while (!s->stop) {
+		up_step *live = s->live, *bg;
+		int handover = s->handover, detach = s->detach;
+
+		if (cap < s->qcap) {
+			up_item *nb = realloc(batch, s->qcap * sizeof(*nb));
+
+			if (nb) {
+				batch = nb;
+				cap = s->qcap;
+			}
+		}
+		for (n = 0; s->qn && n < cap; n++) {
+			batch[n] = s->q[s->qhead];
+			s->qhead = (s->qhead + 1) % s->qcap;
+			s->qn--;
+		}
+		bg = s->steps;
+		pthread_mutex_unlock(&s->mu);
+
+		for (i = 0; i < n; i++) {
+			if (live && !detach &&
+			    live_append(s, live, &batch[i]) == 0)
+				continue;
+			/* no upload for it: the resume reads the file */
+			if (batch[i].b)
+				eng_sink_release(&s->base, batch[i].b);
+			detach = 1;
+		}
+		if (live && (handover || detach))
+			live_detach(live);
+		if (handover)
+			ho_done(s, live);
+		if (bg && bg->state == ST_BACKGROUND)
+			step_run(s, bg);
+
+		pthread_mutex_lock(&s->mu);
+		if (bg && bg->state != ST_BACKGROUND) {
+			s->steps = bg->next;
+			s->pending--;
+			pthread_cond_broadcast(&s->cv);
+			pthread_mutex_unlock(&s->mu);
+			step_free(bg);
+			pthread_mutex_lock(&s->mu);
+			continue;
+		}
+		if (s->qn || s->handover || s->stop)
+			continue;
+		pthread_mutex_unlock(&s->mu);
+		gcs_poll(s->gc, 200);
+		pthread_mutex_lock(&s->mu);
+	}
+	pthread_mutex_unlock(&s->mu);
+	free(batch);
+	return NULL;
+}
+
+/* ---- handle side --------------------------------------------------- */
+
+static void gs_destroy(eng_sink *es)
+{
+	gcs_sink *s = (gcs_sink *)es;
+	up_step *u;
+
+	if (s->thr_started) {
+		pthread_mutex_lock(&s->mu);
+		s->stop = 1;
+		pthread_mutex_unlock(&s->mu);
+		gcs_wakeup(s->gc);
+		pthread_join(s->thr, NULL);
+	}
+	/* unfinished steps stay in their journals for the next open */
+	step_free(s->live);
+	while ((u = s->steps)) {
+		s->steps = u->next;
+		step_free(u);
+	}
+	gcs_client_free(s->gc);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s->q);
+	free(s->rel);
+	free(s->remote);
+	free(s->bucket);
+	free(s->prefix);
+	free(s);
+}
+
+static const eng_sink_ops gcs_sink_ops = {
+	.name = "gcs",
+	.begin = gs_begin,
+	.put = gs_put,
+	.pump = gs_pump,
+	.finish = gs_finish,
+	.publish = gs_publish,
+	.abort = gs_abort,
+	.destroy = gs_destroy,
+};
+
+/* Steps journaled by an earlier process for this remote: resumed. */
+static void load_journals(gcs_sink *s)
+{
+	const char *root = s->base.c->root;
+	uint64_t *steps = NULL;
+	size_t n = 0, k;
+	up_step **pp = &s->steps;
+
+	if (eng_journal_list(root, &steps, &n) < 0)
+		return;
+	for (k = 0; k < n; k++) {
+		char err[ENG_ERRMSG_MAX];
+		eng_journal j;
+		up_step *u;
+		uint32_t i;
+
+		if (eng_journal_read(root, steps[k], &j, err) < 0)
+			continue;
+		u = strcmp(j.remote, s->remote) || j.host != s->host ?
+			    NULL :
+			    step_new(s, j.step, j.nfiles);
+		for (i = 0; u && i < j.nfiles; i++) {
+			if (step_name_file(s, u, i, j.files[i].name,
+					   j.files[i].size)) {
+				step_free(u);
+				u = NULL;
+				break;
+			}
+			u->f[i].done = j.files[i].done;
+			u->f[i].confirmed = j.files[i].confirmed;
+			u->f[i].session = j.files[i].session;
+			j.files[i].session = NULL;
+		}
+		if (u) {
+			u->index_done = j.index_done;
+			u->state = ST_BACKGROUND;
+			*pp = u;
+			pp = &u->next;
+			s->pending++;
+		}
+		eng_journal_free(&j);
+	}
+	free(steps);
+}
+
+int eng_gcs_parse(const char *loc, char **bucket, char **prefix)
+{
+	const char *b, *sl;
+	size_t len;
+
+	*bucket = *prefix = NULL;
+	if (strncmp(loc, "gs://", 5))
+		return -EINVAL;
+	b = loc + 5;
+	sl = strchr(b, '/');
+	len = sl ? (size_t)(sl - b) : strlen(b);
+	if (!len)
+		return -EINVAL;
+	*bucket = strndup(b, len);
+	*prefix = strdup(sl ? sl + 1 : "");
+	if (!*bucket || !*prefix) {
+		free(*bucket);
+		free(*prefix);
+		*bucket = *prefix = NULL;
+		return -ENOMEM;
+	}
+	len = strlen(*prefix);
+	while (len && (*prefix)[len - 1] == '/')
+		(*prefix)[--len] = 0;
+	return 0;
+}
+
+int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
+{
+	gcs_sink *s = calloc(1, sizeof(*s));
+	struct gcs_config cfg;
+	const char *env = getenv("CKPT_GCS_STREAMS");
+	int r;
+
+	*out = NULL;
+	if (!s)
+		return eng_err(NULL, -ENOMEM, "out of memory");
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	s->base.ops = &gcs_sink_ops;
+	s->base.c = c;
+	s->host = c->s.host_index;
+	s->hosts = c->s.host_count;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.streams = env && atoi(env) > 0 ? (unsigned)atoi(env) : 8;
+	s->remote = strdup(remote);
+	s->rel = calloc(c->nslots + c->nout, sizeof(*s->rel));
+	r = s->remote && s->rel ? eng_gcs_parse(remote, &s->bucket, &s->prefix)
+				: -ENOMEM;
+	if (r == -EINVAL)
+		r = eng_err(NULL, r, "%s: not a gs://BUCKET/PREFIX location",
+			    remote);
+	else if (r < 0)
+		r = eng_err(NULL, r, "out of memory");
+	if (r == 0) {
+		r = gcs_client_new(&s->gc, &cfg);
+		if (r < 0)
+			eng_err(NULL, r, "%s: Cloud Storage client: %s", remote,
+				ckpt_strerror(r));
+	}
+	if (r == 0) {
+		load_journals(s);
+		r = -pthread_create(&s->thr, NULL, upload_main, s);
+		if (r < 0)
+			eng_err(NULL, r, "cannot start the upload thread: %s",
+				strerror(-r));
+		else
+			s->thr_started = 1;
+	}
+	if (r < 0) {
+		gs_destroy(&s->base);
+		return r;
+	}
+	*out = &s->base;
+	return 0;
+}
+
+static gcs_sink *uploader(ckpt *c)
+{
+	unsigned i;
+
+	for (i = 0; c && i < c->nsinks; i++)
+		if (c->sinks[i]->ops == &gcs_sink_ops)
+			return (gcs_sink *)c->sinks[i];
+	return NULL;
+}
+
+CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out)
+{
+	gcs_sink *s = uploader(c);
+
+	if (!c || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_upload_status_get: %s is "
+			       "NULL", c ? "out" : "handle");
+	if (!s)
+		return eng_err(c->errmsg, -ENOENT, "%s: no remote location",
+			       c->root);
+	pthread_mutex_lock(&s->mu);
+	*out = s->st;
+	out->pending_steps = s->pending;
+	pthread_mutex_unlock(&s->mu);
+	return 0;
+}
+
+CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms)
+{
+	gcs_sink *s = uploader(c);
+	struct timespec dl;
+	int r = 0;
+
+	if (!c)
+		return eng_err(NULL, -EINVAL, "ckpt_upload_wait: handle is "
+			       "NULL");
+	if (!s)
+		return eng_err(c->errmsg, -ENOENT, "%s: no remote location",
+			       c->root);
+	/* the save in flight, if any, comes first */
+	pthread_mutex_lock(&c->mu);
+	while (c->busy)
+		pthread_cond_wait(&c->done_cv, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	if (timeout_ms >= 0) {
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+		if (dl.tv_nsec >= 1000000000) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000;
+		}
+	}
+	pthread_mutex_lock(&s->mu);
+	while (s->pending > 0 && s->st.state != CKPT_UPLOAD_FAILED && r == 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&s->cv, &s->mu);
+		else
+			r = -pthread_cond_timedwait(&s->cv, &s->mu, &dl);
+	}
+	if (s->st.state == CKPT_UPLOAD_FAILED)
+		r = s->st.status;
+	if (r)
+		eng_err(c->errmsg, r, "%s",
+			r == -ETIMEDOUT ? "upload still running" : s->err);
+	pthread_mutex_unlock(&s->mu);
+	return r;
+}
