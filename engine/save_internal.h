@@ -307,8 +307,6 @@ int eng_local_sink_new(struct ckpt *c, eng_sink **out);
 /* The upload sink for a gs://BUCKET/PREFIX location, with its upload
  * thread; resumes the uploads journaled under c->root. */
 int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out);
-/* Splits gs://BUCKET/PREFIX (malloc'd; -EINVAL if not one). */
-int eng_gcs_parse(const char *loc, char **bucket, char **prefix);
 
 /* commit.c */
 /* The commit of ckpt_commit(): errbuf gets the message. */

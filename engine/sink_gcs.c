@@ -146,8 +146,11 @@ static void step_free(up_step *u)
 
 static char *object_name(gcs_sink *s, uint64_t step, const char *name)
 {
-	return eng_path("%s%sstep-%" PRIu64 "/%s", s->prefix,
-			*s->prefix ? "/" : "", step, name);
+	char d[32];
+
+	/* prefix: "" or "P/" (eng_loc_parse) */
+	fmt_step_dirname(step, d);
+	return eng_path("%s%s/%s", s->prefix, d, name);
 }
 
 static up_step *step_new(gcs_sink *s, uint64_t step, uint32_t nfiles)
@@ -245,6 +248,7 @@ static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 	struct ckpt *c = s->base.c;
 
 	u->state = ST_FAILED;
+	r = eng_gcs_code(r);
 	pthread_mutex_lock(&s->mu);
 	s->st.status = r;
 	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s",
@@ -473,12 +477,13 @@ static int crc_file(up_file *f, uint64_t end, uint8_t *tmp, char *err)
 static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 {
 	struct gcs_upload_opts o = { GCS_NO_COND, f->size, 0, 0 };
-	char *path = eng_path("%s/step-%" PRIu64 "/%s", s->base.c->root,
-			      u->step, f->name);
+	char d[32], *path;
 	uint64_t persisted = 0;
 	uint8_t *tmp;
 	int r;
 
+	fmt_step_dirname(u->step, d);
+	path = eng_path("%s/%s/%s", s->base.c->root, d, f->name);
 	if (!path)
 		return eng_err(err, -ENOMEM, "out of memory");
 	if (f->fd < 0)
@@ -560,14 +565,14 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 /* The host index object, from the local file, create-only. */
 static int put_index(gcs_sink *s, up_step *u, char *err)
 {
-	char iname[32], *path, *obj;
+	char iname[32], d[32], *path, *obj;
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	int r;
 
 	fmt_index_name(s->host, iname);
-	path = eng_path("%s/step-%" PRIu64 "/%s", s->base.c->root, u->step,
-			iname);
+	fmt_step_dirname(u->step, d);
+	path = eng_path("%s/%s/%s", s->base.c->root, d, iname);
 	obj = object_name(s, u->step, iname);
 	r = path && obj ? eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len,
 					err) :
@@ -865,38 +870,9 @@ static void load_journals(gcs_sink *s)
 	free(steps);
 }
 
-int eng_gcs_parse(const char *loc, char **bucket, char **prefix)
-{
-	const char *b, *sl;
-	size_t len;
-
-	*bucket = *prefix = NULL;
-	if (strncmp(loc, "gs://", 5))
-		return -EINVAL;
-	b = loc + 5;
-	sl = strchr(b, '/');
-	len = sl ? (size_t)(sl - b) : strlen(b);
-	if (!len)
-		return -EINVAL;
-	*bucket = strndup(b, len);
-	*prefix = strdup(sl ? sl + 1 : "");
-	if (!*bucket || !*prefix) {
-		free(*bucket);
-		free(*prefix);
-		*bucket = *prefix = NULL;
-		return -ENOMEM;
-	}
-	len = strlen(*prefix);
-	while (len && (*prefix)[len - 1] == '/')
-		(*prefix)[--len] = 0;
-	return 0;
-}
-
 int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
 {
 	gcs_sink *s = calloc(1, sizeof(*s));
-	struct gcs_config cfg;
-	const char *env = getenv("CKPT_GCS_STREAMS");
 	int r;
 
 	*out = NULL;
@@ -908,23 +884,16 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
 	s->base.c = c;
 	s->host = c->s.host_index;
 	s->hosts = c->s.host_count;
-	memset(&cfg, 0, sizeof(cfg));
-	cfg.streams = env && atoi(env) > 0 ? (unsigned)atoi(env) : 8;
 	s->remote = strdup(remote);
 	s->rel = calloc(c->nslots + c->nout, sizeof(*s->rel));
-	r = s->remote && s->rel ? eng_gcs_parse(remote, &s->bucket, &s->prefix)
-				: -ENOMEM;
-	if (r == -EINVAL)
-		r = eng_err(NULL, r, "%s: not a gs://BUCKET/PREFIX location",
-			    remote);
-	else if (r < 0)
-		r = eng_err(NULL, r, "out of memory");
-	if (r == 0) {
-		r = gcs_client_new(&s->gc, &cfg);
-		if (r < 0)
-			eng_err(NULL, r, "%s: Cloud Storage client: %s", remote,
-				ckpt_strerror(r));
-	}
+	r = s->remote && s->rel ? eng_loc_parse(remote, &s->bucket, &s->prefix,
+						NULL) :
+				  eng_err(NULL, -ENOMEM, "out of memory");
+	if (r == ENG_LOC_POSIX)
+		r = eng_err(NULL, -EINVAL, "%s: not a gs://BUCKET/PREFIX "
+			    "location", remote);
+	if (r >= 0)
+		r = eng_gcs_client_new(&s->gc, remote, NULL);
 	if (r == 0) {
 		load_journals(s);
 		r = -pthread_create(&s->thr, NULL, upload_main, s);

@@ -1,0 +1,35 @@
+/*
+ * test_gcs_ckpt.h - helpers for the tests of saves to Cloud Storage
+ * (test_gcs_save.c, test_gcs_resume.c, test_gcs_pod.c): a client on the
+ * fake server, and the checks that what the bucket holds is what the
+ * local directory holds and that a committed step is complete.
+ */
+#ifndef CKPT_TEST_GCS_CKPT_H
+#define CKPT_TEST_GCS_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct gcs_client;
+
+/* A client on `url` with compressed backoff (aborts on failure). */
+struct gcs_client *gk_client(const char *url);
+/* PREFIX/step-N/name (PREFIX without a trailing slash; malloc'd). */
+char *gk_object(const char *prefix, uint64_t step, const char *name);
+/* Objects whose names start with `prefix` (-1 on error). */
+long gk_count(struct gcs_client *gc, const char *bucket, const char *prefix);
+/* 1 if the object exists, 0 if not, -1 on error. */
+int gk_exists(struct gcs_client *gc, const char *bucket, const char *name);
+/* Every hH-*.shard and hH.index of host h under DIR/step-N is in the
+ * bucket under PREFIX/step-N/ byte for byte. 0, or -1 with `why`. */
+int gk_same_as_local(struct gcs_client *gc, const char *bucket,
+		     const char *prefix, const char *dir, uint64_t step,
+		     uint32_t host, char *why, size_t whylen);
+/* The step is complete in the bucket: every host's index decodes and
+ * each file it lists is there with the size and XXH3 the index records.
+ * 0, or -1 with `why`. */
+int gk_step_complete(struct gcs_client *gc, const char *bucket,
+		     const char *prefix, uint64_t step, uint32_t hosts,
+		     char *why, size_t whylen);
+
+#endif
