@@ -4,7 +4,9 @@
  * Design note. One small JSON document per step being uploaded, replaced
  * atomically (temporary file, fsync, rename, directory fsync) at every
  * state change of the upload: a file's session opened, a file finished,
- * the index uploaded. It holds what a restarted process needs to go on
+ * the index uploaded; the first at the start of the save, before any
+ * byte is uploaded, with sizes not yet known (-1: the local index has
+ * them once the save is complete). It holds what a restarted process needs to go on
  * where the server stopped: the remote location, each object's local name
  * and size, its session URI and the bytes confirmed when it was written.
  * Never a token: session URIs are the only secret-ish thing, and those are
@@ -66,7 +68,8 @@ int eng_journal_write(const char *root, const eng_journal *j, char *errbuf)
 		if (!e)
 			goto out;
 		json_object_set_new(e, "name", json_string(f->name));
-		json_object_set_new(e, "size", json_integer((json_int_t)f->size));
+		json_object_set_new(e, "size", json_integer(
+				f->size == UINT64_MAX ? -1 : (json_int_t)f->size));
 		json_object_set_new(e, "session", f->session ?
 						 json_string(f->session) :
 						 json_null());
@@ -155,7 +158,9 @@ int eng_journal_read(const char *root, uint64_t step, eng_journal *j,
 			goto out;
 		}
 		snprintf(f->name, sizeof(f->name), "%s", json_string_value(nm));
-		f->size = jint(e, "size");
+		f->size = json_integer_value(json_object_get(e, "size")) < 0 ?
+				  UINT64_MAX :
+				  jint(e, "size");
 		f->confirmed = jint(e, "confirmed");
 		f->done = (int)jint(e, "done");
 		if (json_is_string(se)) {

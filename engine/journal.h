@@ -6,7 +6,7 @@
 
 typedef struct eng_jfile {
 	char name[64];      /* local shard file name (object: step-N/name) */
-	uint64_t size;
+	uint64_t size;      /* UINT64_MAX: not known yet (local index) */
 	char *session;      /* resumable session URI, NULL before one */
 	uint64_t confirmed; /* bytes the server had at the last write */
 	int done;

@@ -184,6 +184,8 @@ static int step_name_file(gcs_sink *s, up_step *u, uint32_t i,
 
 /* ---- journal ------------------------------------------------------- */
 
+static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg);
+
 static int journal_save(gcs_sink *s, up_step *u)
 {
 	eng_journal j;
@@ -213,6 +215,8 @@ static int journal_save(gcs_sink *s, up_step *u)
 	}
 	r = eng_journal_write(s->base.c->root, &j, err);
 	free(jf);
+	if (r < 0) /* no resume without it: say so */
+		step_failed(s, u, r, err);
 	return r;
 }
 
@@ -307,6 +311,7 @@ static int gs_begin(eng_sink *es, eng_job *job)
 	unsigned cap = c->nslots + c->nout + job->nfiles + 1;
 	up_step *u = step_new(s, job->step, job->nfiles);
 	uint32_t f;
+	int r;
 
 	if (!u)
 		return -ENOMEM;
@@ -336,6 +341,10 @@ static int gs_begin(eng_sink *es, eng_job *job)
 	s->st.bytes_total = job->stream_bytes;
 	s->st.bytes_confirmed = 0;
 	pthread_mutex_unlock(&s->mu);
+	/* from here on a restart knows of this step (sizes: local index) */
+	r = journal_save(s, u);
+	if (r < 0)
+		return r;
 	for (f = 0; f < job->nfiles; f++)
 		q_put(s, job->hdrs + (size_t)f * FMT_SHARD_HDR_SIZE,
 		      FMT_SHARD_HDR_SIZE, f, NULL);
@@ -513,6 +522,11 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 			return eng_err(err, r, "%s: %s", f->object,
 				       gcs_errmsg(s->gc));
 	}
+	if (gcs_op_done(gcs_upload_op(f->u))) {
+		/* it was complete before the restart: step_run collects it */
+		f->appended = f->size;
+		return 0;
+	}
 	if (persisted > f->size)
 		return eng_err(err, GCS_E_PROTOCOL,
 			       "%s: the server has %" PRIu64 " bytes of %" PRIu64,
@@ -620,7 +634,9 @@ static void step_commit(gcs_sink *s, up_step *u)
 		journal_save(s, u);
 	}
 	r = eng_commit_step(s->remote, s->hosts, u->step, err);
-	if (r == CKPT_E_INCOMPLETE)
+	/* another host's part is missing: it commits when it lands */
+	if (r == CKPT_E_INCOMPLETE && s->hosts > 1 && 
+	    strstr(err, "has not written its index"))
 		state = CKPT_UPLOAD_UPLOADED;
 	else if (r < 0 && r != CKPT_E_EXISTS) {
 		step_failed(s, u, r, err);
@@ -825,7 +841,42 @@ static const eng_sink_ops gcs_sink_ops = {
 	.destroy = gs_destroy,
 };
 
-/* Steps journaled by an earlier process for this remote: resumed. */
+/* Sizes of the files of a journal written at the start of a save, from
+ * the local index: -ENOENT if the save never completed locally. */
+static int sizes_from_index(gcs_sink *s, eng_journal *j)
+{
+	char d[32], iname[32], err[256], *path;
+	uint8_t *buf = NULL;
+	size_t len = 0, i, k;
+	fmt_index ix;
+	int r;
+
+	fmt_step_dirname(j->step, d);
+	fmt_index_name(s->host, iname);
+	path = eng_path("%s/%s/%s", s->base.c->root, d, iname);
+	r = path ? eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len, NULL) :
+		   -ENOMEM;
+	free(path);
+	if (r < 0)
+		return r;
+	memset(&ix, 0, sizeof(ix));
+	r = fmt_index_decode(buf, len, &ix, err, sizeof(err));
+	free(buf);
+	for (i = 0; r == 0 && i < j->nfiles; i++) {
+		for (k = 0; k < ix.nfiles; k++)
+			if (!strcmp(ix.files[k].name, j->files[i].name))
+				break;
+		if (k == ix.nfiles)
+			r = -ENOENT;
+		else
+			j->files[i].size = ix.files[k].size;
+	}
+	fmt_index_free(&ix);
+	return r;
+}
+
+/* Steps journaled by an earlier process for this remote: resumed. A save
+ * that never completed locally has nothing to upload: its journal goes. */
 static void load_journals(gcs_sink *s)
 {
 	const char *root = s->base.c->root;
@@ -843,6 +894,15 @@ static void load_journals(gcs_sink *s)
 
 		if (eng_journal_read(root, steps[k], &j, err) < 0)
 			continue;
+		for (i = 0; i < j.nfiles; i++)
+			if (j.files[i].size == UINT64_MAX)
+				break;
+		if (i < j.nfiles && !strcmp(j.remote, s->remote) &&
+		    sizes_from_index(s, &j) < 0) {
+			eng_journal_remove(root, j.step);
+			eng_journal_free(&j);
+			continue;
+		}
 		u = strcmp(j.remote, s->remote) || j.host != s->host ?
 			    NULL :
 			    step_new(s, j.step, j.nfiles);
