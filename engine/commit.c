@@ -357,7 +357,7 @@ CKPT_API int ckpt_gc(ckpt *c, uint32_t keep_last, uint32_t keep_every,
 		memset(report, 0, sizeof(*report));
 	if (!c)
 		return eng_err(NULL, -EINVAL, "ckpt_gc: handle is NULL");
-	if (flags & ~CKPT_GC_DRY_RUN)
+	if (flags & ~(CKPT_GC_DRY_RUN | CKPT_GC_UNUPLOADED))
 		return fail(c, -EINVAL, "ckpt_gc: unknown flags");
 	err[0] = 0;
 	r = eng_gc_run(c->root, keep_last, keep_every, flags, 1, busy_step(c),

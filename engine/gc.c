@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "journal.h"
 #include "save_internal.h"
 
 static int has_suffix(const char *s, const char *suf)
@@ -170,6 +171,10 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		keep = rank == 0 || keep_last == 0 || rank < keep_last ||
 		       (keep_every && v[i].step % keep_every == 0);
 		rank++;
+		/* its upload would lose its source (journal.c) */
+		if (!keep && !(flags & CKPT_GC_UNUPLOADED) &&
+		    eng_journal_pending(root, v[i].step))
+			keep = 1;
 		if (!keep && v[i].step != skip_step)
 			drop[i] = 1;
 	}

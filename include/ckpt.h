@@ -512,6 +512,9 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count);
 CKPT_API int ckpt_latest(ckpt *c, uint64_t *step);
 
 #define CKPT_GC_DRY_RUN (1u << 0) /* report, remove nothing */
+/* Also remove committed steps whose upload to the remote location is not
+ * finished (DIR/.upload has their journal); by default they are kept. */
+#define CKPT_GC_UNUPLOADED (1u << 1)
 
 typedef struct ckpt_gc_report {
 	uint64_t steps_removed;   /* committed steps removed by retention */
