@@ -270,14 +270,14 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	r = eng_loc_check(c->root);
 	if (r < 0)
 		goto fail;
-	if (!strncmp(c->root, "gs://", 5) && c->s.staging_bytes > 0) {
-		/* until the upload sink; staging_bytes 0 lists, gc's */
-		r = eng_err(NULL, -EPROTONOSUPPORT,
-			    "%s: saving to Cloud Storage is not built yet",
-			    c->root);
+	/* gs:// alone: the upload sink is sink 0 (sink_gcs.c) */
+	c->remote_only = !strncmp(c->root, "gs://", 5);
+	if (c->remote_only && remote) {
+		r = eng_err(NULL, -EINVAL, "%s: settings.remote is for a "
+			    "directory location", c->root);
 		goto fail;
 	}
-	r = strncmp(c->root, "gs://", 5) ? mkdir_p(c->root) : 0;
+	r = c->remote_only ? 0 : mkdir_p(c->root);
 	if (r < 0) {
 		eng_err(NULL, r, "%s: cannot create directory: %s", c->root,
 			ckpt_strerror(r));
@@ -292,14 +292,18 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 		r = eng_pool_alloc(c);
 		if (r < 0)
 			goto fail;
-		setup_ring(c);
+		if (!c->remote_only)
+			setup_ring(c);
 		/* O_DIRECT only with io_uring: the plain-pwrite path cannot
 		 * continue a short write at an unaligned offset. */
 		c->direct = c->have_ring && !(c->s.flags & CKPT_F_NO_DIRECT) &&
 			    eng_probe_direct(c->root);
-		r = eng_local_sink_new(c, &c->sinks[0]);
+		r = c->remote_only ?
+			    eng_gcs_sink_new(c, c->root, 1, &c->sinks[0]) :
+			    eng_local_sink_new(c, &c->sinks[0]);
 		if (r < 0) {
-			eng_err(NULL, r, "out of memory");
+			if (!c->remote_only)
+				eng_err(NULL, r, "out of memory");
 			goto fail;
 		}
 		c->nsinks = 1;
@@ -330,7 +334,7 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 		if (remote) {
 			eng_sink *up;
 
-			r = eng_gcs_sink_new(c, remote, &up);
+			r = eng_gcs_sink_new(c, remote, 0, &up);
 			if (r == 0)
 				r = eng_sink_add(c, up);
 			if (r < 0)

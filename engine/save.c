@@ -554,7 +554,7 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 
 	/* The step directory exists when ckpt_save() returns (the writer
 	 * thread may not have run yet); gc spares it while we are busy. */
-	r = eng_mkdir(job->stepdir, 0755);
+	r = c->remote_only ? 0 : eng_mkdir(job->stepdir, 0755);
 	if (r < 0)
 		eng_job_fail(c, job, r, "%s: mkdir: %s", job->stepdir,
 			     ckpt_strerror(r));

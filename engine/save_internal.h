@@ -174,6 +174,7 @@ struct ckpt {
 	ckpt_settings s;
 	unsigned nworkers;
 	int direct; /* O_DIRECT usable under root */
+	int remote_only; /* root is gs://: no local files (sink_gcs.c) */
 	char errmsg[ENG_ERRMSG_MAX];
 
 	pthread_mutex_t mu;
@@ -305,8 +306,10 @@ int eng_local_sink_new(struct ckpt *c, eng_sink **out);
 
 /* sink_gcs.c */
 /* The upload sink for a gs://BUCKET/PREFIX location, with its upload
- * thread; resumes the uploads journaled under c->root. */
-int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out);
+ * thread. direct: the location itself (sink 0, no local copy); else the
+ * remote of a directory, whose journaled uploads it resumes. */
+int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
+		     eng_sink **out);
 
 /* commit.c */
 /* The commit of ckpt_commit(): errbuf gets the message. */

@@ -65,6 +65,7 @@
 #define UP_WINDOW (2 * UP_PIECE) /* unconfirmed bytes per file from disk */
 
 enum { ST_LIVE, ST_BACKGROUND, ST_DONE, ST_FAILED };
+enum { CMD_NONE, CMD_CHECK, CMD_FINISH, CMD_PUBLISH };
 
 typedef struct up_file {
 	char name[64];
@@ -75,6 +76,8 @@ typedef struct up_file {
 	char *session;
 	uint64_t confirmed;
 	uint32_t crc; /* of [0, appended) when reading the file */
+	uint8_t *bounce; /* live: small chunks copied (live_append) */
+	size_t blen;
 	int fd;
 	int done;
 } up_file;
@@ -107,6 +110,8 @@ typedef struct gcs_sink {
 	pthread_t thr;
 	int thr_started;
 	uint32_t host, hosts;
+	size_t piece;    /* resumable piece (gcs client chunk_bytes) */
+	size_t min_span; /* smaller chunks are copied (live_append) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* writer: handover done; ckpt_upload_wait */
@@ -117,7 +122,16 @@ typedef struct gcs_sink {
 	int handover, detach, stop;
 	eng_job *ho_job; /* handover: valid until acknowledged */
 	int ho_keep;
+	/* gs:// alone (sink 0): the writer's finish and publish, run by the
+	 * upload thread while the writer waits (under mu) */
+	int direct;
+	int cmd; /* CMD_* pending, 0 when done */
+	const uint8_t *cmd_buf;
+	size_t cmd_len;
+	int cmd_rc;
+	char cmd_msg[ENG_ERRMSG_MAX];
 	up_step *live;  /* step being saved */
+	eng_job *live_job;
 	up_step *steps; /* background, oldest first */
 	/* status (under mu) */
 	ckpt_upload_status st;
@@ -135,6 +149,7 @@ static void step_free(up_step *u)
 		return;
 	for (i = 0; i < u->nfiles; i++) {
 		gcs_upload_free(u->f[i].u);
+		free(u->f[i].bounce);
 		free(u->f[i].object);
 		free(u->f[i].session);
 		if (u->f[i].fd >= 0)
@@ -304,15 +319,24 @@ static void q_drop(gcs_sink *s)
 	}
 }
 
+static int direct_cmd(gcs_sink *s, eng_job *job, int cmd, const uint8_t *buf,
+		      size_t len);
+
 static int gs_begin(eng_sink *es, eng_job *job)
 {
 	gcs_sink *s = (gcs_sink *)es;
 	struct ckpt *c = es->c;
 	unsigned cap = c->nslots + c->nout + job->nfiles + 1;
-	up_step *u = step_new(s, job->step, job->nfiles);
+	up_step *u;
 	uint32_t f;
 	int r;
 
+	if (s->direct) {
+		r = direct_cmd(s, job, CMD_CHECK, NULL, 0);
+		if (r < 0)
+			return r;
+	}
+	u = step_new(s, job->step, job->nfiles);
 	if (!u)
 		return -ENOMEM;
 	for (f = 0; f < job->nfiles; f++)
@@ -335,14 +359,16 @@ static int gs_begin(eng_sink *es, eng_job *job)
 	s->qhead = s->qn = 0;
 	s->handover = s->detach = 0;
 	s->live = u;
+	s->live_job = job;
 	s->pending++;
 	s->st.step = job->step;
 	s->st.state = CKPT_UPLOAD_RUNNING;
 	s->st.bytes_total = job->stream_bytes;
 	s->st.bytes_confirmed = 0;
 	pthread_mutex_unlock(&s->mu);
-	/* from here on a restart knows of this step (sizes: local index) */
-	r = journal_save(s, u);
+	/* from here on a restart knows of this step (sizes: local index);
+	 * gs:// alone has no local copy to resume from */
+	r = s->direct ? 0 : journal_save(s, u);
 	if (r < 0)
 		return r;
 	for (f = 0; f < job->nfiles; f++)
@@ -395,18 +421,47 @@ static void handover(gcs_sink *s, eng_job *job, int keep)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* Writer: runs cmd on the upload thread and waits for it (gs:// alone). */
+static int direct_cmd(gcs_sink *s, eng_job *job, int cmd, const uint8_t *buf,
+		      size_t len)
+{
+	int r;
+
+	pthread_mutex_lock(&s->mu);
+	s->ho_job = job;
+	s->cmd_buf = buf;
+	s->cmd_len = len;
+	s->cmd = cmd;
+	gcs_wakeup(s->gc);
+	while (s->cmd)
+		pthread_cond_wait(&s->cv, &s->mu);
+	r = s->cmd_rc;
+	pthread_mutex_unlock(&s->mu);
+	if (r < 0)
+		eng_sink_fail(&s->base, job, r, "%s", s->cmd_msg);
+	return r;
+}
+
 static int gs_finish(eng_sink *es, eng_job *job)
 {
-	handover((gcs_sink *)es, job, 1);
+	gcs_sink *s = (gcs_sink *)es;
+
+	if (s->direct)
+		return direct_cmd(s, job, CMD_FINISH, NULL, 0);
+	handover(s, job, 1);
 	return 0;
 }
 
 static int gs_publish(eng_sink *es, eng_job *job, const char *name,
 		      const uint8_t *buf, size_t len)
 {
-	/* the index object is read back from the local file once every
-	 * shard object is there (also after a restart) */
-	(void)es, (void)job, (void)name, (void)buf, (void)len;
+	gcs_sink *s = (gcs_sink *)es;
+
+	(void)name;
+	if (s->direct)
+		return direct_cmd(s, job, CMD_PUBLISH, buf, len);
+	/* with a local copy the index object is read back from the local
+	 * file once every shard object is there (also after a restart) */
 	return 0;
 }
 
@@ -418,11 +473,37 @@ static void gs_abort(eng_sink *es, eng_job *job)
 
 /* ---- upload thread ------------------------------------------------- */
 
-/* Staged bytes of the live step go to their file's upload. */
+/* The small-piece buffer of f goes to the upload (freed once confirmed). */
+static int bounce_flush(up_file *f)
+{
+	int r;
+
+	if (!f->bounce)
+		return 0;
+	r = gcs_upload_append(f->u, f->bounce, f->blen, free, f->bounce);
+	if (r < 0)
+		free(f->bounce);
+	f->bounce = NULL;
+	f->blen = 0;
+	return r;
+}
+
+/*
+ * Staged bytes of the live step go to their file's upload, as they are:
+ * the buffer is released once the server confirmed it. Except chunks
+ * that compressed to less than min_span (and the 4 KiB shard headers):
+ * those are copied into a piece buffer of the sink's own and released at
+ * once. A resumable upload of unknown size only sends whole pieces, so
+ * without this a file could hold piece / span staged buffers and, with
+ * highly compressible data, the whole pool (see piece_bytes): the copy
+ * bounds what a file holds to `budget` buffers, and costs little since
+ * such chunks are small.
+ */
 static int live_append(gcs_sink *s, up_step *u, const up_item *it)
 {
 	up_file *f = &u->f[it->file];
 	struct gcs_upload_opts o = { GCS_NO_COND, GCS_SIZE_UNKNOWN, 0, 0 };
+	up_rel *rel;
 	int r;
 
 	if (!f->u) {
@@ -431,16 +512,50 @@ static int live_append(gcs_sink *s, up_step *u, const up_item *it)
 			return r;
 	}
 	f->appended += it->len;
-	if (!it->b)
-		return gcs_upload_append(f->u, it->p, it->len, NULL, NULL);
-	{
-		up_rel *rel = &s->rel[it->b - s->base.c->bufs];
-
-		rel->s = s;
-		rel->b = it->b;
-		return gcs_upload_append(f->u, it->p, it->len, release_staged,
-					 rel);
+	if (!it->b || it->len < s->min_span) {
+		if (f->bounce && f->blen + it->len > s->piece) {
+			r = bounce_flush(f);
+			if (r < 0)
+				return r;
+		}
+		if (!f->bounce) {
+			f->bounce = malloc(s->piece);
+			if (!f->bounce)
+				return -ENOMEM;
+		}
+		memcpy(f->bounce + f->blen, it->p, it->len);
+		f->blen += it->len;
+		if (it->b)
+			eng_sink_release(&s->base, it->b);
+		return 0;
 	}
+	r = bounce_flush(f);
+	if (r < 0)
+		return r;
+	rel = &s->rel[it->b - s->base.c->bufs];
+	rel->s = s;
+	rel->b = it->b;
+	return gcs_upload_append(f->u, it->p, it->len, release_staged, rel);
+}
+
+/* A live upload that failed gives its staged buffers back at once: for
+ * gs:// alone that fails the save, else the sink is detached and the
+ * upload goes on from the local files after the local commit. */
+static int live_check(gcs_sink *s, up_step *u)
+{
+	uint32_t i;
+
+	for (i = 0; i < u->nfiles; i++) {
+		struct gcs_op *op = u->f[i].u ? gcs_upload_op(u->f[i].u) : NULL;
+		int r;
+
+		if (!op || !gcs_op_done(op) || !(r = gcs_op_wait(op)))
+			continue;
+		eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r),
+			      "%s: %s", u->f[i].object, gcs_op_errmsg(op));
+		return r;
+	}
+	return 0;
 }
 
 /* Gives every staged buffer back; sessions are kept for the resume. */
@@ -452,6 +567,9 @@ static void live_detach(up_step *u)
 		up_file *f = &u->f[i];
 		const char *sess = f->u ? gcs_upload_session(f->u) : NULL;
 
+		free(f->bounce);
+		f->bounce = NULL;
+		f->blen = 0;
 		if (!f->u)
 			continue;
 		free(f->session);
@@ -576,23 +694,26 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 	return 0;
 }
 
-/* The host index object, from the local file, create-only. */
-static int put_index(gcs_sink *s, up_step *u, char *err)
+/* The host index object, create-only: doc, or else the local file. */
+static int put_index(gcs_sink *s, up_step *u, const uint8_t *doc,
+		     size_t doc_len, char *err)
 {
 	char iname[32], d[32], *path, *obj;
 	uint8_t *buf = NULL;
-	size_t len = 0;
+	const uint8_t *p;
+	size_t len = doc_len;
 	int r;
 
 	fmt_index_name(s->host, iname);
 	fmt_step_dirname(u->step, d);
 	path = eng_path("%s/%s/%s", s->base.c->root, d, iname);
 	obj = object_name(s, u->step, iname);
-	r = path && obj ? eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len,
-					err) :
-			  eng_err(err, -ENOMEM, "out of memory");
+	r = path && obj ? 0 : eng_err(err, -ENOMEM, "out of memory");
+	if (r == 0 && !doc)
+		r = eng_read_file(path, FMT_MAX_META_BYTES, &buf, &len, err);
+	p = doc ? doc : buf;
 	if (r == 0) {
-		r = gcs_put(s->gc, s->bucket, obj, buf, len, GCS_CREATE_ONLY,
+		r = gcs_put(s->gc, s->bucket, obj, p, len, GCS_CREATE_ONLY,
 			    NULL);
 		if (r == GCS_E_PRECONDITION) {
 			/* an earlier run of ours got there: the same bytes? */
@@ -601,7 +722,7 @@ static int put_index(gcs_sink *s, up_step *u, char *err)
 			memset(&m, 0, sizeof(m));
 			r = gcs_stat(s->gc, s->bucket, obj, &m);
 			if (r == 0 && (m.size != len || !m.has_crc32c ||
-				       m.crc32c != gcs_crc32c(0, buf, len)))
+				       m.crc32c != gcs_crc32c(0, p, len)))
 				r = CKPT_E_EXISTS;
 			gcs_object_clear(&m);
 		}
@@ -625,7 +746,7 @@ static void step_commit(gcs_sink *s, up_step *u)
 
 	err[0] = 0;
 	if (!u->index_done) {
-		r = put_index(s, u, err);
+		r = put_index(s, u, NULL, 0, err);
 		if (r < 0) {
 			step_failed(s, u, r, err);
 			return;
@@ -701,6 +822,110 @@ static void step_run(gcs_sink *s, up_step *u)
 		step_commit(s, u);
 }
 
+/* Upload thread, gs:// alone: the writer's finish (every upload finished
+ * and confirmed: the client saw every byte and sends their crc32c) and
+ * publish (the index object; with several hosts, the commit attempt). */
+static void direct_run(gcs_sink *s, up_step *u, int cmd)
+{
+	eng_job *job = s->ho_job;
+	char err[ENG_ERRMSG_MAX];
+	uint32_t i, left;
+	int r = 0;
+
+	err[0] = 0;
+	if (cmd == CMD_CHECK) {
+		/* shard objects have their final names: never over a
+		 * committed step */
+		char *o = object_name(s, job->step, FMT_COMMIT_NAME);
+		struct gcs_object m;
+
+		memset(&m, 0, sizeof(m));
+		r = o ? gcs_stat(s->gc, s->bucket, o, &m) : -ENOMEM;
+		if (r == 0)
+			r = eng_err(err, CKPT_E_EXISTS, "gs://%s/%s: step %"
+				    PRIu64 " is already committed", s->bucket,
+				    o, job->step);
+		else if (r == -ENOENT)
+			r = 0;
+		else
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket, o,
+				gcs_errmsg(s->gc));
+		gcs_object_clear(&m);
+		free(o);
+		pthread_mutex_lock(&s->mu);
+		s->cmd_rc = r < 0 ? eng_gcs_code(r) : 0;
+		snprintf(s->cmd_msg, sizeof(s->cmd_msg), "%s", err);
+		s->cmd = CMD_NONE;
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+		return;
+	}
+	if (cmd == CMD_PUBLISH) {
+		r = put_index(s, u, s->cmd_buf, s->cmd_len, err);
+		if (r == 0 && s->hosts > 1) {
+			r = eng_commit_step(s->remote, s->hosts, u->step, err);
+			if (r == CKPT_E_EXISTS || (r == CKPT_E_INCOMPLETE &&
+			    strstr(err, "has not written its index")))
+				r = 0;
+		}
+		goto out;
+	}
+	for (i = 0; i < u->nfiles && r == 0; i++) {
+		up_file *f = &u->f[i];
+
+		if (f->u && f->appended != job->files[i].size)
+			r = eng_err(err, -EIO, "%s: %" PRIu64 " bytes sent of "
+				    "%" PRIu64, f->object, f->appended,
+				    job->files[i].size);
+		else if (f->u && (r = bounce_flush(f)) == 0)
+			r = gcs_upload_finish(f->u, NULL);
+		if (r < 0 && !err[0])
+			eng_err(err, r, "%s: %s", f->object,
+				gcs_op_errmsg(gcs_upload_op(f->u)));
+	}
+	for (left = 1; r == 0 && left;) {
+		for (i = left = 0; i < u->nfiles && r == 0; i++) {
+			up_file *f = &u->f[i];
+
+			if (!f->u || f->done)
+				continue;
+			if (!gcs_op_done(gcs_upload_op(f->u))) {
+				left++;
+				continue;
+			}
+			r = gcs_op_wait(gcs_upload_op(f->u));
+			if (r < 0)
+				eng_err(err, r, "%s", gcs_op_errmsg(
+					gcs_upload_op(f->u)));
+			f->done = 1;
+		}
+		if (left)
+			gcs_poll(s->gc, 200);
+	}
+out:
+	set_status(s, u, r < 0 ? CKPT_UPLOAD_FAILED : CKPT_UPLOAD_RUNNING);
+	pthread_mutex_lock(&s->mu);
+	s->cmd_rc = r < 0 ? eng_gcs_code(r) : 0;
+	snprintf(s->cmd_msg, sizeof(s->cmd_msg), "%s", err);
+	if (cmd == CMD_PUBLISH || r < 0) {
+		s->live = NULL;
+		s->pending--;
+	}
+	s->cmd = CMD_NONE;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	if (cmd == CMD_PUBLISH || r < 0) {
+		if (r == 0)
+			set_status(s, u, s->hosts > 1 ? CKPT_UPLOAD_UPLOADED :
+							CKPT_UPLOAD_COMMITTED);
+		for (i = 0; i < u->nfiles; i++) {
+			gcs_upload_free(u->f[i].u);
+			u->f[i].u = NULL;
+		}
+		step_free(u);
+	}
+}
+
 /* Upload thread: the writer's handover of the live step (staged buffers
  * already given back): into the background queue, journaled, or dropped
  * with a failed save. Acknowledged last: ho_job is valid until then. */
@@ -744,7 +969,7 @@ static void *upload_main(void *arg)
 	pthread_mutex_lock(&s->mu);
 	while (!s->stop) {
 		up_step *live = s->live, *bg;
-		int handover = s->handover, detach = s->detach;
+		int handover = s->handover, detach = s->detach, cmd = s->cmd;
 
 		if (cap < s->qcap) {
 			up_item *nb = realloc(batch, s->qcap * sizeof(*nb));
@@ -771,10 +996,15 @@ static void *upload_main(void *arg)
 				eng_sink_release(&s->base, batch[i].b);
 			detach = 1;
 		}
+		if (live && !detach && !handover && !cmd &&
+		    live_check(s, live) < 0)
+			detach = 1;
 		if (live && (handover || detach))
 			live_detach(live);
 		if (handover)
 			ho_done(s, live);
+		if (cmd && (live || cmd == CMD_CHECK))
+			direct_run(s, live, cmd);
 		if (bg && bg->state == ST_BACKGROUND)
 			step_run(s, bg);
 
@@ -788,7 +1018,7 @@ static void *upload_main(void *arg)
 			pthread_mutex_lock(&s->mu);
 			continue;
 		}
-		if (s->qn || s->handover || s->stop)
+		if (s->qn || s->handover || s->cmd || s->stop)
 			continue;
 		pthread_mutex_unlock(&s->mu);
 		gcs_poll(s->gc, 200);
@@ -930,7 +1160,30 @@ static void load_journals(gcs_sink *s)
 	free(steps);
 }
 
-int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
+/* A resumable upload of unknown size sends whole pieces only, holding
+ * the buffers of the piece being filled: each file gets a budget of half
+ * its share of what the sink may hold (the lag bound; all of the pool for
+ * gs:// alone), so another piece can fill while one is on the wire; a
+ * piece is `budget` chunks, and chunks smaller than piece / budget are
+ * copied (live_append). */
+static void piece_size(gcs_sink *s, const struct ckpt *c, int direct)
+{
+	uint32_t nf = c->s.files_per_host ? c->s.files_per_host : 1;
+	uint64_t bufs = direct ? c->nslots + c->nout : c->sink_lag_max;
+	uint64_t budget = bufs / (2ull * nf), p;
+
+	if (budget < 1)
+		budget = 1;
+	p = budget * c->s.chunk_bytes;
+	if (p > (16u << 20))
+		p = 16u << 20;
+	p -= p % GCS_PIECE;
+	s->piece = p < GCS_PIECE ? GCS_PIECE : (size_t)p;
+	s->min_span = s->piece / budget + 1;
+}
+
+int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
+		     eng_sink **out)
 {
 	gcs_sink *s = calloc(1, sizeof(*s));
 	int r;
@@ -943,6 +1196,7 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
 	s->base.ops = &gcs_sink_ops;
 	s->base.c = c;
 	s->host = c->s.host_index;
+	s->direct = direct;
 	s->hosts = c->s.host_count;
 	s->remote = strdup(remote);
 	s->rel = calloc(c->nslots + c->nout, sizeof(*s->rel));
@@ -952,10 +1206,20 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, eng_sink **out)
 	if (r == ENG_LOC_POSIX)
 		r = eng_err(NULL, -EINVAL, "%s: not a gs://BUCKET/PREFIX "
 			    "location", remote);
-	if (r >= 0)
-		r = eng_gcs_client_new(&s->gc, remote, NULL);
+	if (r >= 0) {
+		struct gcs_config cfg = { 0 };
+
+		cfg.streams = eng_gcs_streams();
+		piece_size(s, c, direct);
+		cfg.chunk_bytes = s->piece;
+		r = gcs_client_new(&s->gc, &cfg);
+		if (r < 0)
+			eng_err(NULL, r, "%s: cannot set up the Cloud Storage "
+				"client: %s", remote, ckpt_strerror(r));
+	}
 	if (r == 0) {
-		load_journals(s);
+		if (!direct)
+			load_journals(s);
 		r = -pthread_create(&s->thr, NULL, upload_main, s);
 		if (r < 0)
 			eng_err(NULL, r, "cannot start the upload thread: %s",

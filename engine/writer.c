@@ -76,11 +76,12 @@ static int prepare(struct ckpt *c, eng_job *job)
 	void *hdrs = NULL;
 	int r;
 
-	r = eng_mkdir(job->stepdir, 0755);
+	/* gs:// alone: no directory; objects are replaced or create-only */
+	r = c->remote_only ? 0 : eng_mkdir(job->stepdir, 0755);
 	if (r < 0)
 		return eng_job_fail(c, job, r, "%s: mkdir: %s", job->stepdir,
 				    ckpt_strerror(r));
-	r = remove_stale(c, job);
+	r = c->remote_only ? 0 : remove_stale(c, job);
 	if (r < 0)
 		return r;
 	n = nf64 < c->s.files_per_host ? (uint32_t)nf64 : c->s.files_per_host;
@@ -385,7 +386,7 @@ static void run_job(struct ckpt *c, eng_job *job)
 			c->sinks[i]->ops->abort(c->sinks[i], job);
 		/* An empty directory we made is no checkpoint. With several
 		 * hosts another one may be about to write into it. */
-		if (c->s.host_count == 1)
+		if (c->s.host_count == 1 && !c->remote_only)
 			eng_rmdir(job->stepdir);
 	}
 	for (f = 0; job->fhash && f < job->nfiles; f++) {

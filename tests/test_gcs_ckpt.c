@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fmt.h"
 #include "gcs.h"
@@ -207,4 +208,43 @@ int gk_step_complete(struct gcs_client *gc, const char *bucket,
 		if (check_index(gc, bucket, prefix, step, h, why, whylen) < 0)
 			return -1;
 	return 0;
+}
+
+int gk_download(struct gcs_client *gc, const char *bucket,
+		const char *prefix, const char *dir)
+{
+	char *pre = tu_path("%s/", prefix);
+	struct gcs_list l;
+	size_t i;
+	int r = 0;
+
+	if (gcs_list(gc, bucket, pre, NULL, &l) < 0) {
+		free(pre);
+		return -1;
+	}
+	mkdir(dir, 0755);
+	for (i = 0; r == 0 && i < l.n_items; i++) {
+		const char *rel = l.items[i].name + strlen(pre);
+		char *path = tu_path("%s/%s", dir, rel), *sl;
+		void *d = NULL;
+		size_t n = 0;
+		FILE *f;
+
+		sl = strrchr(path, '/');
+		*sl = 0;
+		mkdir(path, 0755);
+		*sl = '/';
+		f = gcs_get(gc, bucket, l.items[i].name, 0, &d, &n, NULL) == 0 ?
+			    fopen(path, "wb") :
+			    NULL;
+		if (!f || fwrite(d, 1, n, f) != n)
+			r = -1;
+		if (f && fclose(f))
+			r = -1;
+		free(d);
+		free(path);
+	}
+	gcs_list_free(&l);
+	free(pre);
+	return r;
 }

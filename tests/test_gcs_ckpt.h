@@ -32,4 +32,9 @@ int gk_step_complete(struct gcs_client *gc, const char *bucket,
 		     const char *prefix, uint64_t step, uint32_t hosts,
 		     char *why, size_t whylen);
 
+/* Downloads every object under PREFIX/ into dir (same relative names),
+ * so the local reader can open a bucket's checkpoint. 0 or -1. */
+int gk_download(struct gcs_client *gc, const char *bucket,
+		const char *prefix, const char *dir);
+
 #endif

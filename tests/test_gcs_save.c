@@ -236,6 +236,57 @@ START_TEST(both_soak)
 }
 END_TEST
 
+/* gs:// alone: the upload sink decides the save; ckpt_wait() returns
+ * when the step is committed in the bucket. */
+START_TEST(alone)
+{
+	char *copy = tu_path("%s/copy", tu_tmpdir());
+	struct gcs_client *gc = gk_client(srv.url);
+	ckpt_upload_status us;
+	ckpt_sink_status ss;
+	ckpt_settings s;
+	ckpt *c = NULL;
+	char why[512], *o;
+	size_t n = 0;
+	tu_set set;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = 32u << 20;
+	s.chunk_bytes = 1u << 20;
+	s.threads = 2;
+	ck_assert_msg(ckpt_open(&c, "gs://" BUCKET "/alone", &s) == 0, "%s",
+		      ckpt_errmsg(NULL));
+	make_set(&set, 40, 21);
+	ck_assert_msg(tu_save(c, 3, &set) == 0, "%s", ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_sink_status_get(c, &ss, 1, &n), 0);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_str_eq(ss.name, "gcs");
+	ck_assert_uint_eq(ss.required, 1);
+	ck_assert_int_eq(ckpt_upload_status_get(c, &us), 0);
+	ck_assert_int_eq(us.state, CKPT_UPLOAD_COMMITTED);
+	ck_assert_uint_eq(us.bytes_confirmed, us.bytes_total);
+	o = gk_object("alone", 3, "COMMIT");
+	ck_assert_int_eq(gk_exists(gc, BUCKET, o), 1);
+	free(o);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, "alone", 3, 1, why,
+				       sizeof(why)) == 0, "%s", why);
+	/* a second save of the same step cannot commit over it */
+	ck_assert_int_eq(tu_save(c, 3, &set), CKPT_E_EXISTS);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	/* read back byte-identical through a downloaded copy */
+	ck_assert_int_eq(gk_download(gc, BUCKET, "alone", copy), 0);
+	read_back(copy, 3, &set);
+	/* a bucket that does not exist fails the save, loudly */
+	ck_assert_int_eq(ckpt_open(&c, "gs://no-such-bucket/a", &s), 0);
+	ck_assert_int_lt(tu_save(c, 1, &set), 0);
+	ck_assert_ptr_nonnull(strstr(ckpt_errmsg(c), "no-such-bucket"));
+	ckpt_close(c);
+	gcs_client_free(gc);
+	tu_set_free(&set);
+	free(copy);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("gcs_save");
@@ -246,6 +297,10 @@ static Suite *suite(void)
 	tcase_add_test(t, both_lagging);
 	tcase_add_test(t, both_no_bucket);
 	tcase_add_test(t, both_soak);
+	suite_add_tcase(s, t);
+	t = tcase_create("alone");
+	tcase_set_timeout(t, 300);
+	tcase_add_test(t, alone);
 	suite_add_tcase(s, t);
 	return s;
 }
