@@ -62,7 +62,6 @@
 #include "save_internal.h"
 
 #define UP_PIECE (8u << 20)  /* pread size when reading local files */
-#define UP_WINDOW (2 * UP_PIECE) /* unconfirmed bytes per file from disk */
 
 enum { ST_LIVE, ST_BACKGROUND, ST_DONE, ST_FAILED };
 enum { CMD_NONE, CMD_CHECK, CMD_FINISH, CMD_PUBLISH };
@@ -658,29 +657,48 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 	return r;
 }
 
-/* Keeps UP_WINDOW bytes of the file queued; finishes with the crc. */
+/* A piece read from a local file; once confirmed, the upload thread's
+ * gcs_poll() returns at once to read the next (the owner may call
+ * gcs_wakeup too: it only ends the poll early). */
+typedef struct read_piece {
+	gcs_sink *s;
+	uint8_t data[];
+} read_piece;
+
+static void release_read(void *arg)
+{
+	read_piece *rp = arg;
+
+	gcs_wakeup(rp->s->gc);
+	free(rp);
+}
+
+/* Keeps up to three pieces of the file queued (one on the wire, two to
+ * go); finishes with the crc. */
 static int file_feed(gcs_sink *s, up_file *f, char *err)
 {
-	(void)s;
-	while (f->appended < f->size && gcs_upload_pending(f->u) < UP_WINDOW) {
+	while (f->appended < f->size &&
+	       gcs_upload_pending(f->u) < 3 * (uint64_t)s->piece) {
 		size_t n = f->size - f->appended < UP_PIECE ?
 				   (size_t)(f->size - f->appended) :
 				   UP_PIECE;
-		uint8_t *p = malloc(n);
+		read_piece *rp = malloc(sizeof(*rp) + n);
+		uint8_t *p = rp ? rp->data : NULL;
 		int r;
 
-		if (!p)
+		if (!rp)
 			return eng_err(err, -ENOMEM, "out of memory");
+		rp->s = s;
 		r = eng_pread_all(f->fd, p, n, f->appended);
 		if (r < 0) {
-			free(p);
+			free(rp);
 			return eng_err(err, r, "reading %s at %" PRIu64 ": %s",
 				       f->name, f->appended, ckpt_strerror(r));
 		}
 		f->crc = gcs_crc32c(f->crc, p, n);
-		r = gcs_upload_append(f->u, p, n, free, p);
+		r = gcs_upload_append(f->u, p, n, release_read, rp);
 		if (r < 0) {
-			free(p);
+			free(rp);
 			return eng_err(err, r, "%s: %s", f->object,
 				       gcs_errmsg(s->gc));
 		}
