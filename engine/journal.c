@@ -68,10 +68,12 @@ int eng_journal_write(const char *root, const eng_journal *j, char *errbuf)
 		if (!e)
 			goto out;
 		json_object_set_new(e, "name", json_string(f->name));
-		json_object_set_new(e, "size", json_integer(
-				f->size == UINT64_MAX ? -1 : (json_int_t)f->size));
-		json_object_set_new(e, "session", f->session ?
-						 json_string(f->session) :
+		json_object_set_new(e, "size",
+				    json_integer(f->size == UINT64_MAX ?
+							 -1 :
+							 (json_int_t)f->size));
+		json_object_set_new(e, "session",
+				    f->session ? json_string(f->session) :
 						 json_null());
 		json_object_set_new(e, "confirmed",
 				    json_integer((json_int_t)f->confirmed));
@@ -111,8 +113,8 @@ static uint64_t jint(json_t *o, const char *k)
 int eng_journal_read(const char *root, uint64_t step, eng_journal *j,
 		     char *errbuf)
 {
-	char *path = eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root,
-			      step);
+	char *path =
+		eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root, step);
 	uint8_t *buf = NULL;
 	size_t len = 0, i;
 	json_t *o = NULL, *fa, *rv;
@@ -184,8 +186,8 @@ out:
 
 int eng_journal_remove(const char *root, uint64_t step)
 {
-	char *path = eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root,
-			      step);
+	char *path =
+		eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root, step);
 	char *dir = eng_path("%s/" JDIR, root);
 	int r = path && dir ? eng_unlink(path) : -ENOMEM;
 
@@ -198,8 +200,8 @@ int eng_journal_remove(const char *root, uint64_t step)
 
 int eng_journal_pending(const char *root, uint64_t step)
 {
-	char *path = eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root,
-			      step);
+	char *path =
+		eng_path("%s/" JDIR "/step-%" PRIu64 ".journal", root, step);
 	FILE *f = path ? fopen(path, "r") : NULL;
 
 	free(path);

@@ -61,7 +61,7 @@
 #include "journal.h"
 #include "save_internal.h"
 
-#define UP_PIECE (8u << 20)  /* pread size when reading local files */
+#define UP_PIECE (8u << 20) /* pread size when reading local files */
 
 enum { ST_LIVE, ST_BACKGROUND, ST_DONE, ST_FAILED };
 enum { CMD_NONE, CMD_CHECK, CMD_FINISH, CMD_PUBLISH };
@@ -74,7 +74,7 @@ typedef struct up_file {
 	struct gcs_upload *u;
 	char *session;
 	uint64_t confirmed;
-	uint32_t crc; /* of [0, appended) when reading the file */
+	uint32_t crc;    /* of [0, appended) when reading the file */
 	uint8_t *bounce; /* live: small chunks copied (live_append) */
 	size_t blen;
 	int fd;
@@ -129,7 +129,7 @@ typedef struct gcs_sink {
 	size_t cmd_len;
 	int cmd_rc;
 	char cmd_msg[ENG_ERRMSG_MAX];
-	up_step *live;  /* step being saved */
+	up_step *live; /* step being saved */
 	eng_job *live_job;
 	up_step *steps; /* background, oldest first */
 	/* status (under mu) */
@@ -187,8 +187,8 @@ static up_step *step_new(gcs_sink *s, uint64_t step, uint32_t nfiles)
 	return u;
 }
 
-static int step_name_file(gcs_sink *s, up_step *u, uint32_t i,
-			  const char *name, uint64_t size)
+static int step_name_file(gcs_sink *s, up_step *u, uint32_t i, const char *name,
+			  uint64_t size)
 {
 	snprintf(u->f[i].name, sizeof(u->f[i].name), "%s", name);
 	u->f[i].size = size;
@@ -222,9 +222,8 @@ static int journal_save(gcs_sink *s, up_step *u)
 		memcpy(jf[i].name, u->f[i].name, sizeof(jf[i].name));
 		jf[i].size = u->f[i].size;
 		jf[i].session = u->f[i].session;
-		jf[i].confirmed = u->f[i].u ?
-					  gcs_upload_persisted(u->f[i].u) :
-					  u->f[i].confirmed;
+		jf[i].confirmed = u->f[i].u ? gcs_upload_persisted(u->f[i].u) :
+					      u->f[i].confirmed;
 		jf[i].done = u->f[i].done;
 	}
 	r = eng_journal_write(s->base.c->root, &j, err);
@@ -269,14 +268,14 @@ static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 	r = eng_gcs_code(r);
 	pthread_mutex_lock(&s->mu);
 	s->st.status = r;
-	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s",
-		 u->step, msg);
+	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s", u->step,
+		 msg);
 	snprintf(s->err, sizeof(s->err), "%s", s->st.msg);
 	pthread_mutex_unlock(&s->mu);
 	pthread_mutex_lock(&c->mu);
 	s->base.status = r;
-	snprintf(s->base.msg, sizeof(s->base.msg), "upload of step %" PRIu64
-		 ": %.200s", u->step, msg);
+	snprintf(s->base.msg, sizeof(s->base.msg),
+		 "upload of step %" PRIu64 ": %.200s", u->step, msg);
 	pthread_mutex_unlock(&c->mu);
 	set_status(s, u, CKPT_UPLOAD_FAILED);
 }
@@ -550,8 +549,8 @@ static int live_check(gcs_sink *s, up_step *u)
 
 		if (!op || !gcs_op_done(op) || !(r = gcs_op_wait(op)))
 			continue;
-		eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r),
-			      "%s: %s", u->f[i].object, gcs_op_errmsg(op));
+		eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r), "%s: %s",
+			      u->f[i].object, gcs_op_errmsg(op));
 		return r;
 	}
 	return 0;
@@ -646,7 +645,8 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 	}
 	if (persisted > f->size)
 		return eng_err(err, GCS_E_PROTOCOL,
-			       "%s: the server has %" PRIu64 " bytes of %" PRIu64,
+			       "%s: the server has %" PRIu64
+			       " bytes of %" PRIu64,
 			       f->object, persisted, f->size);
 	tmp = malloc(UP_PIECE);
 	if (!tmp)
@@ -774,7 +774,7 @@ static void step_commit(gcs_sink *s, up_step *u)
 	}
 	r = eng_commit_step(s->remote, s->hosts, u->step, err);
 	/* another host's part is missing: it commits when it lands */
-	if (r == CKPT_E_INCOMPLETE && s->hosts > 1 && 
+	if (r == CKPT_E_INCOMPLETE && s->hosts > 1 &&
 	    strstr(err, "has not written its index"))
 		state = CKPT_UPLOAD_UPLOADED;
 	else if (r < 0 && r != CKPT_E_EXISTS) {
@@ -817,7 +817,8 @@ static void step_run(gcs_sink *s, up_step *u)
 			continue;
 		r = gcs_op_wait(gcs_upload_op(f->u));
 		if (r < 0) {
-			eng_err(err, r, "%s", gcs_op_errmsg(gcs_upload_op(f->u)));
+			eng_err(err, r, "%s",
+				gcs_op_errmsg(gcs_upload_op(f->u)));
 			break;
 		}
 		f->done = 1;
@@ -860,9 +861,10 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		memset(&m, 0, sizeof(m));
 		r = o ? gcs_stat(s->gc, s->bucket, o, &m) : -ENOMEM;
 		if (r == 0)
-			r = eng_err(err, CKPT_E_EXISTS, "gs://%s/%s: step %"
-				    PRIu64 " is already committed", s->bucket,
-				    o, job->step);
+			r = eng_err(err, CKPT_E_EXISTS,
+				    "gs://%s/%s: step %" PRIu64
+				    " is already committed",
+				    s->bucket, o, job->step);
 		else if (r == -ENOENT)
 			r = 0;
 		else
@@ -882,8 +884,9 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		r = put_index(s, u, s->cmd_buf, s->cmd_len, err);
 		if (r == 0 && s->hosts > 1) {
 			r = eng_commit_step(s->remote, s->hosts, u->step, err);
-			if (r == CKPT_E_EXISTS || (r == CKPT_E_INCOMPLETE &&
-			    strstr(err, "has not written its index")))
+			if (r == CKPT_E_EXISTS ||
+			    (r == CKPT_E_INCOMPLETE &&
+			     strstr(err, "has not written its index")))
 				r = 0;
 		}
 		goto out;
@@ -892,9 +895,10 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		up_file *f = &u->f[i];
 
 		if (f->u && f->appended != job->files[i].size)
-			r = eng_err(err, -EIO, "%s: %" PRIu64 " bytes sent of "
-				    "%" PRIu64, f->object, f->appended,
-				    job->files[i].size);
+			r = eng_err(err, -EIO,
+				    "%s: %" PRIu64 " bytes sent of "
+				    "%" PRIu64,
+				    f->object, f->appended, job->files[i].size);
 		else if (f->u && (r = bounce_flush(f)) == 0)
 			r = gcs_upload_finish(f->u, NULL);
 		if (r < 0 && !err[0])
@@ -913,8 +917,8 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 			}
 			r = gcs_op_wait(gcs_upload_op(f->u));
 			if (r < 0)
-				eng_err(err, r, "%s", gcs_op_errmsg(
-					gcs_upload_op(f->u)));
+				eng_err(err, r, "%s",
+					gcs_op_errmsg(gcs_upload_op(f->u)));
 			f->done = 1;
 		}
 		if (left)
@@ -934,8 +938,9 @@ out:
 	pthread_mutex_unlock(&s->mu);
 	if (cmd == CMD_PUBLISH || r < 0) {
 		if (r == 0)
-			set_status(s, u, s->hosts > 1 ? CKPT_UPLOAD_UPLOADED :
-							CKPT_UPLOAD_COMMITTED);
+			set_status(s, u,
+				   s->hosts > 1 ? CKPT_UPLOAD_UPLOADED :
+						  CKPT_UPLOAD_COMMITTED);
 		for (i = 0; i < u->nfiles; i++) {
 			gcs_upload_free(u->f[i].u);
 			u->f[i].u = NULL;
@@ -1218,12 +1223,14 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 	s->hosts = c->s.host_count;
 	s->remote = strdup(remote);
 	s->rel = calloc(c->nslots + c->nout, sizeof(*s->rel));
-	r = s->remote && s->rel ? eng_loc_parse(remote, &s->bucket, &s->prefix,
-						NULL) :
-				  eng_err(NULL, -ENOMEM, "out of memory");
+	r = s->remote && s->rel ?
+		    eng_loc_parse(remote, &s->bucket, &s->prefix, NULL) :
+		    eng_err(NULL, -ENOMEM, "out of memory");
 	if (r == ENG_LOC_POSIX)
-		r = eng_err(NULL, -EINVAL, "%s: not a gs://BUCKET/PREFIX "
-			    "location", remote);
+		r = eng_err(NULL, -EINVAL,
+			    "%s: not a gs://BUCKET/PREFIX "
+			    "location",
+			    remote);
 	if (r >= 0) {
 		struct gcs_config cfg = { 0 };
 
@@ -1232,8 +1239,10 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 		cfg.chunk_bytes = s->piece;
 		r = gcs_client_new(&s->gc, &cfg);
 		if (r < 0)
-			eng_err(NULL, r, "%s: cannot set up the Cloud Storage "
-				"client: %s", remote, ckpt_strerror(r));
+			eng_err(NULL, r,
+				"%s: cannot set up the Cloud Storage "
+				"client: %s",
+				remote, ckpt_strerror(r));
 	}
 	if (r == 0) {
 		if (!direct)
@@ -1268,8 +1277,10 @@ CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out)
 	gcs_sink *s = uploader(c);
 
 	if (!c || !out)
-		return eng_err(NULL, -EINVAL, "ckpt_upload_status_get: %s is "
-			       "NULL", c ? "out" : "handle");
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_upload_status_get: %s is "
+			       "NULL",
+			       c ? "out" : "handle");
 	if (!s)
 		return eng_err(c->errmsg, -ENOENT, "%s: no remote location",
 			       c->root);
@@ -1287,7 +1298,8 @@ CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms)
 	int r = 0;
 
 	if (!c)
-		return eng_err(NULL, -EINVAL, "ckpt_upload_wait: handle is "
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_upload_wait: handle is "
 			       "NULL");
 	if (!s)
 		return eng_err(c->errmsg, -ENOENT, "%s: no remote location",

@@ -17,6 +17,27 @@
 #include "gcs.h"
 #include "testutil.h"
 
+struct gt_server gk_srv;
+
+int gk_main(const char *bucket, const char *name, int timeout_s,
+	    const TTest *const *tests, size_t n)
+{
+	Suite *s = suite_create(name);
+	TCase *t = tcase_create(name);
+	size_t i;
+	int rc;
+
+	tcase_set_timeout(t, timeout_s);
+	for (i = 0; i < n; i++)
+		tcase_add_test(t, tests[i]);
+	suite_add_tcase(s, t);
+	gt_server_start(&gk_srv, bucket);
+	setenv("STORAGE_EMULATOR_HOST", gk_srv.url, 1);
+	rc = tu_main(s);
+	gt_server_stop(&gk_srv);
+	return rc;
+}
+
 struct gcs_client *gk_client(const char *url)
 {
 	struct gcs_config cfg = { 0 };
@@ -126,9 +147,10 @@ int gk_same_as_local(struct gcs_client *gc, const char *bucket,
 				 gcs_errmsg(gc));
 			r = -1;
 		} else if (al != bl || memcmp(a, b, al)) {
-			snprintf(why, whylen, "gs://%s/%s: %zu bytes differ "
-				 "from %s (%zu bytes)", bucket, obj, bl, path,
-				 al);
+			snprintf(why, whylen,
+				 "gs://%s/%s: %zu bytes differ "
+				 "from %s (%zu bytes)",
+				 bucket, obj, bl, path, al);
 			r = -1;
 		}
 		free(a);
@@ -139,16 +161,18 @@ int gk_same_as_local(struct gcs_client *gc, const char *bucket,
 	closedir(d);
 	free(sdir);
 	if (r == 0 && seen < 2) {
-		snprintf(why, whylen, "step %" PRIu64 ": only %d files of "
-			 "host %u locally", step, seen, host);
+		snprintf(why, whylen,
+			 "step %" PRIu64 ": only %d files of "
+			 "host %u locally",
+			 step, seen, host);
 		r = -1;
 	}
 	return r;
 }
 
 static int check_index(struct gcs_client *gc, const char *bucket,
-		       const char *prefix, uint64_t step, uint32_t h,
-		       char *why, size_t whylen)
+		       const char *prefix, uint64_t step, uint32_t h, char *why,
+		       size_t whylen)
 {
 	char iname[32], err[256];
 	char *obj;
@@ -181,14 +205,16 @@ static int check_index(struct gcs_client *gc, const char *bucket,
 
 		obj = gk_object(prefix, step, fe->name);
 		if (gcs_get(gc, bucket, obj, 0, &d, &dl, NULL) < 0) {
-			snprintf(why, whylen, "committed step %" PRIu64
-				 " lacks gs://%s/%s: %s", step, bucket, obj,
-				 gcs_errmsg(gc));
+			snprintf(why, whylen,
+				 "committed step %" PRIu64
+				 " lacks gs://%s/%s: %s",
+				 step, bucket, obj, gcs_errmsg(gc));
 			r = -1;
 		} else if (dl != fe->size || fmt_xxh3(d, dl) != fe->xxh3) {
-			snprintf(why, whylen, "committed gs://%s/%s: %zu bytes"
-				 " (index: %" PRIu64 ") or hash differ", bucket,
-				 obj, dl, fe->size);
+			snprintf(why, whylen,
+				 "committed gs://%s/%s: %zu bytes"
+				 " (index: %" PRIu64 ") or hash differ",
+				 bucket, obj, dl, fe->size);
 			r = -1;
 		}
 		free(d);
@@ -210,8 +236,8 @@ int gk_step_complete(struct gcs_client *gc, const char *bucket,
 	return 0;
 }
 
-int gk_download(struct gcs_client *gc, const char *bucket,
-		const char *prefix, const char *dir)
+int gk_download(struct gcs_client *gc, const char *bucket, const char *prefix,
+		const char *dir)
 {
 	char *pre = tu_path("%s/", prefix);
 	struct gcs_list l;

@@ -10,7 +10,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <check.h>
+
+#include "test_gcs_util.h"
+
 struct gcs_client;
+
+/* The fake server every test of the program uses (gk_main starts it). */
+extern struct gt_server gk_srv;
+/* Starts gk_srv with `bucket`, points STORAGE_EMULATOR_HOST at it (the
+ * engine finds it there), runs one test case `name` of `tests` with a
+ * timeout, stops the server; returns the exit code. */
+int gk_main(const char *bucket, const char *name, int timeout_s,
+	    const TTest *const *tests, size_t n);
 
 /* A client on `url` with compressed backoff (aborts on failure). */
 struct gcs_client *gk_client(const char *url);
@@ -34,7 +46,7 @@ int gk_step_complete(struct gcs_client *gc, const char *bucket,
 
 /* Downloads every object under PREFIX/ into dir (same relative names),
  * so the local reader can open a bucket's checkpoint. 0 or -1. */
-int gk_download(struct gcs_client *gc, const char *bucket,
-		const char *prefix, const char *dir);
+int gk_download(struct gcs_client *gc, const char *bucket, const char *prefix,
+		const char *dir);
 
 #endif

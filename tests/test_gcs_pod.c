@@ -28,8 +28,6 @@
 #define HOSTS 4
 #define STEPS 3
 
-static struct gt_server srv;
-
 /* Exit status: 10 + the final ckpt_upload_state, or 1..5 on failure. */
 static void host_main(const char *dir, uint32_t h)
 {
@@ -73,7 +71,7 @@ static void host_main(const char *dir, uint32_t h)
 
 START_TEST(pod_commit)
 {
-	struct gcs_client *gc = gk_client(srv.url);
+	struct gcs_client *gc = gk_client(gk_srv.url);
 	char *dirs[HOSTS], why[512];
 	pid_t pid[HOSTS];
 	uint32_t h;
@@ -123,24 +121,10 @@ START_TEST(pod_commit)
 }
 END_TEST
 
-static Suite *suite(void)
-{
-	Suite *s = suite_create("gcs_pod");
-	TCase *t = tcase_create("pod");
-
-	tcase_set_timeout(t, 600);
-	tcase_add_test(t, pod_commit);
-	suite_add_tcase(s, t);
-	return s;
-}
-
 int main(void)
 {
-	int rc;
+	const TTest *const tests[] = { pod_commit };
 
-	gt_server_start(&srv, BUCKET);
-	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
-	rc = tu_main(suite());
-	gt_server_stop(&srv);
-	return rc;
+	return gk_main(BUCKET, "gcs_pod", 600, tests,
+		       sizeof(tests) / sizeof(tests[0]));
 }

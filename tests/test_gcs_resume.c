@@ -35,8 +35,6 @@
 #define BUCKET "ckpt-resume"
 #define REMOTE "gs://" BUCKET "/run"
 
-static struct gt_server srv;
-
 static ckpt *open_both(const char *dir)
 {
 	ckpt_settings s;
@@ -127,7 +125,7 @@ START_TEST(kill_and_resume)
 	int rounds = e && atoi(e) > 0 ? atoi(e) : 30, i, resumed = 0,
 	    committed = 0;
 	char *dir = tu_path("%s/res", tu_tmpdir());
-	struct gcs_client *gc = gk_client(srv.url);
+	struct gcs_client *gc = gk_client(gk_srv.url);
 	struct timespec t0, t1;
 	long span_us;
 	tu_rng rng;
@@ -145,7 +143,8 @@ START_TEST(kill_and_resume)
 		char why[512], dn[32], *lc, *obj;
 		int st;
 
-		run(child_save, dir, step, (long)tu_rng_below(&rng, (uint64_t)span_us));
+		run(child_save, dir, step,
+		    (long)tu_rng_below(&rng, (uint64_t)span_us));
 		/* a journal exists from the start of each save */
 		resumed += journal_count(dir) > 0;
 		st = run(resume_fn, dir, 0, -1);
@@ -159,7 +158,8 @@ START_TEST(kill_and_resume)
 		if (access(lc, F_OK) == 0) {
 			ck_assert_msg(gk_exists(gc, BUCKET, obj) == 1,
 				      "round %d: committed locally, not in "
-				      "the bucket", i);
+				      "the bucket",
+				      i);
 			ck_assert_msg(gk_same_as_local(gc, BUCKET, "run", dir,
 						       step, 0, why,
 						       sizeof(why)) == 0,
@@ -171,11 +171,9 @@ START_TEST(kill_and_resume)
 			char *o = gk_object("run", s, "COMMIT");
 
 			if (gk_exists(gc, BUCKET, o) == 1)
-				ck_assert_msg(gk_step_complete(gc, BUCKET,
-							       "run", s, 1,
-							       why,
-							       sizeof(why)) ==
-						      0,
+				ck_assert_msg(gk_step_complete(
+						      gc, BUCKET, "run", s, 1,
+						      why, sizeof(why)) == 0,
 					      "round %d step %" PRIu64 ": %s",
 					      i, s, why);
 			free(o);
@@ -191,24 +189,10 @@ START_TEST(kill_and_resume)
 }
 END_TEST
 
-static Suite *suite(void)
-{
-	Suite *s = suite_create("gcs_resume");
-	TCase *t = tcase_create("kill");
-
-	tcase_set_timeout(t, 900);
-	tcase_add_test(t, kill_and_resume);
-	suite_add_tcase(s, t);
-	return s;
-}
-
 int main(void)
 {
-	int rc;
+	const TTest *const tests[] = { kill_and_resume };
 
-	gt_server_start(&srv, BUCKET);
-	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
-	rc = tu_main(suite());
-	gt_server_stop(&srv);
-	return rc;
+	return gk_main(BUCKET, "gcs_resume", 900, tests,
+		       sizeof(tests) / sizeof(tests[0]));
 }

@@ -30,8 +30,6 @@
 
 #define BUCKET "ckpt-save"
 
-static struct gt_server srv;
-
 static ckpt *open_both(const char *dir, const char *remote, uint64_t pool,
 		       uint32_t chunk)
 {
@@ -66,7 +64,7 @@ static void make_set(tu_set *set, size_t mib, uint64_t seed)
 static void save_and_check(ckpt *c, const char *dir, const char *prefix,
 			   uint64_t step, const tu_set *set)
 {
-	struct gcs_client *gc = gk_client(srv.url);
+	struct gcs_client *gc = gk_client(gk_srv.url);
 	ckpt_upload_status us;
 	char why[512], *commit;
 	int r;
@@ -81,9 +79,11 @@ static void save_and_check(ckpt *c, const char *dir, const char *prefix,
 	ck_assert_uint_eq(us.pending_steps, 0);
 	ck_assert_uint_eq(us.bytes_confirmed, us.bytes_total);
 	ck_assert_msg(gk_same_as_local(gc, BUCKET, prefix, dir, step, 0, why,
-				       sizeof(why)) == 0, "%s", why);
+				       sizeof(why)) == 0,
+		      "%s", why);
 	ck_assert_msg(gk_step_complete(gc, BUCKET, prefix, step, 1, why,
-				       sizeof(why)) == 0, "%s", why);
+				       sizeof(why)) == 0,
+		      "%s", why);
 	commit = gk_object(prefix, step, "COMMIT");
 	ck_assert_int_eq(gk_exists(gc, BUCKET, commit), 1);
 	free(commit);
@@ -179,7 +179,8 @@ START_TEST(both_no_bucket)
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	read_back(dir, 4, &set);
 	ck_assert_int_eq(ckpt_gc(c, 1, 0, CKPT_GC_DRY_RUN | CKPT_GC_UNUPLOADED,
-				 NULL, NULL, &rep), 0);
+				 NULL, NULL, &rep),
+			 0);
 	ck_assert_uint_eq(rep.steps_removed, 1);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	read_back(dir, 4, &set);
@@ -208,8 +209,8 @@ START_TEST(both_soak)
 	gt_server_start_args(&fs, BUCKET, extra);
 	/* the engine finds the faulty server through the environment */
 	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
-	memcpy(saved, srv.url, sizeof(saved));
-	snprintf(srv.url, sizeof(srv.url), "%s", fs.url);
+	memcpy(saved, gk_srv.url, sizeof(saved));
+	snprintf(gk_srv.url, sizeof(gk_srv.url), "%s", fs.url);
 	c = open_both(dir, "gs://" BUCKET "/soak", 128u << 20, 4u << 20);
 	make_set(&set, mib, 99);
 	save_and_check(c, dir, "soak", 1, &set);
@@ -219,8 +220,8 @@ START_TEST(both_soak)
 	faults = stats ? strstr(stats, "\"faults_total\"") : NULL;
 	/* printed, not asserted: which requests draw a fault varies */
 	printf("soak: %zu MiB through 10%% faults: %" PRIu64 " retries by "
-	       "the uploader; server: %.40s\n", mib, us.retries,
-	       faults ? faults : "?");
+	       "the uploader; server: %.40s\n",
+	       mib, us.retries, faults ? faults : "?");
 	free(stats);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	/* no stray or duplicate objects: 4 shards, index, COMMIT, latest */
@@ -229,8 +230,8 @@ START_TEST(both_soak)
 	ck_assert_int_eq(n, 7);
 	gcs_client_free(gc);
 	gt_server_stop(&fs);
-	memcpy(srv.url, saved, sizeof(saved));
-	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
+	memcpy(gk_srv.url, saved, sizeof(saved));
+	setenv("STORAGE_EMULATOR_HOST", gk_srv.url, 1);
 	tu_set_free(&set);
 	free(dir);
 }
@@ -241,7 +242,7 @@ END_TEST
 START_TEST(alone)
 {
 	char *copy = tu_path("%s/copy", tu_tmpdir());
-	struct gcs_client *gc = gk_client(srv.url);
+	struct gcs_client *gc = gk_client(gk_srv.url);
 	ckpt_upload_status us;
 	ckpt_sink_status ss;
 	ckpt_settings s;
@@ -269,7 +270,8 @@ START_TEST(alone)
 	ck_assert_int_eq(gk_exists(gc, BUCKET, o), 1);
 	free(o);
 	ck_assert_msg(gk_step_complete(gc, BUCKET, "alone", 3, 1, why,
-				       sizeof(why)) == 0, "%s", why);
+				       sizeof(why)) == 0,
+		      "%s", why);
 	/* a second save of the same step cannot commit over it */
 	ck_assert_int_eq(tu_save(c, 3, &set), CKPT_E_EXISTS);
 	ck_assert_int_eq(ckpt_close(c), 0);
@@ -287,31 +289,11 @@ START_TEST(alone)
 }
 END_TEST
 
-static Suite *suite(void)
-{
-	Suite *s = suite_create("gcs_save");
-	TCase *t = tcase_create("both");
-
-	tcase_set_timeout(t, 600);
-	tcase_add_test(t, both_basic);
-	tcase_add_test(t, both_lagging);
-	tcase_add_test(t, both_no_bucket);
-	tcase_add_test(t, both_soak);
-	suite_add_tcase(s, t);
-	t = tcase_create("alone");
-	tcase_set_timeout(t, 300);
-	tcase_add_test(t, alone);
-	suite_add_tcase(s, t);
-	return s;
-}
-
 int main(void)
 {
-	int rc;
+	const TTest *const tests[] = { both_basic, both_lagging, both_no_bucket,
+				       both_soak, alone };
 
-	gt_server_start(&srv, BUCKET);
-	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
-	rc = tu_main(suite());
-	gt_server_stop(&srv);
-	return rc;
+	return gk_main(BUCKET, "gcs_save", 900, tests,
+		       sizeof(tests) / sizeof(tests[0]));
 }
