@@ -60,14 +60,13 @@ START_TEST(test_locations)
 	ck_assert_str_eq(l->prefix, "run1/");
 	eng_loc_close(l);
 
-	/* a handle cannot be opened there yet, and nothing local appears */
+	/* a handle saving there (sink_gcs.c) makes nothing local */
 	char *cwd = getcwd(NULL, 0);
 	ck_assert_int_eq(chdir(tu_tmpdir()), 0);
 	ckpt *c = NULL;
-	ck_assert_int_eq(ckpt_open(&c, "gs://bkt/run1", NULL),
-			 -EPROTONOSUPPORT);
-	ck_assert_msg(strstr(ckpt_errmsg(NULL), "not built yet"), "%s",
+	ck_assert_msg(ckpt_open(&c, "gs://bkt/run1", NULL) == 0, "%s",
 		      ckpt_errmsg(NULL));
+	ck_assert_int_eq(ckpt_close(c), 0);
 	ck_assert(!tu_exists("gs:"));
 	ck_assert_int_eq(chdir(cwd), 0);
 	free(cwd);

@@ -119,6 +119,7 @@ START_TEST(both_basic)
 	ck_assert_str_eq(ss[1].name, "gcs");
 	ck_assert_uint_gt(ss[1].chunks, 0);
 	read_back(dir, 1, &set);
+	read_back("gs://" BUCKET "/basic", 1, &set);
 	tu_set_free(&set);
 	/* a second and third step through the same handle */
 	make_set(&set, 8, 50);
@@ -275,7 +276,9 @@ START_TEST(alone)
 	/* a second save of the same step cannot commit over it */
 	ck_assert_int_eq(tu_save(c, 3, &set), CKPT_E_EXISTS);
 	ck_assert_int_eq(ckpt_close(c), 0);
-	/* read back byte-identical through a downloaded copy */
+	/* read back byte-identical: through the gs:// reader, and through
+	 * a downloaded copy with the local one */
+	read_back("gs://" BUCKET "/alone", 3, &set);
 	ck_assert_int_eq(gk_download(gc, BUCKET, "alone", copy), 0);
 	read_back(copy, 3, &set);
 	/* a bucket that does not exist fails the save, loudly */
