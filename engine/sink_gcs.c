@@ -57,6 +57,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "gcs.h"
 #include "journal.h"
 #include "save_internal.h"
@@ -74,8 +76,10 @@ typedef struct up_file {
 	struct gcs_upload *u;
 	char *session;
 	uint64_t confirmed;
-	uint32_t crc;    /* of [0, appended) when reading the file */
-	uint8_t *bounce; /* live: small chunks copied (live_append) */
+	uint32_t crc;     /* of [0, appended) when reading the file */
+	uint64_t xxh3;    /* the local index's hash of the whole file */
+	XXH3_state_t *xs; /* of [0, appended) when reading the file */
+	uint8_t *bounce;  /* live: small chunks copied (live_append) */
 	size_t blen;
 	int fd;
 	int done;
@@ -149,6 +153,7 @@ static void step_free(up_step *u)
 	for (i = 0; i < u->nfiles; i++) {
 		gcs_upload_free(u->f[i].u);
 		free(u->f[i].bounce);
+		XXH3_freeState(u->f[i].xs);
 		free(u->f[i].object);
 		free(u->f[i].session);
 		if (u->f[i].fd >= 0)
@@ -584,6 +589,11 @@ static int crc_file(up_file *f, uint64_t end, uint8_t *tmp, char *err)
 	uint64_t off = 0;
 
 	f->crc = 0;
+	if (!f->xs)
+		f->xs = XXH3_createState();
+	if (!f->xs)
+		return eng_err(err, -ENOMEM, "out of memory");
+	XXH3_64bits_reset(f->xs);
 	while (off < end) {
 		size_t n = end - off < UP_PIECE ? (size_t)(end - off) :
 						  UP_PIECE;
@@ -593,6 +603,7 @@ static int crc_file(up_file *f, uint64_t end, uint8_t *tmp, char *err)
 			return eng_err(err, r, "reading %s: %s", f->name,
 				       ckpt_strerror(r));
 		f->crc = gcs_crc32c(f->crc, tmp, n);
+		XXH3_64bits_update(f->xs, tmp, n);
 		off += n;
 	}
 	return 0;
@@ -696,6 +707,7 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 				       f->name, f->appended, ckpt_strerror(r));
 		}
 		f->crc = gcs_crc32c(f->crc, p, n);
+		XXH3_64bits_update(f->xs, p, n);
 		r = gcs_upload_append(f->u, p, n, release_read, rp);
 		if (r < 0) {
 			free(rp);
@@ -703,6 +715,14 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 				       gcs_errmsg(s->gc));
 		}
 		f->appended += n;
+		/* bytes that differ from what the writer hashed (the local
+		 * file changed since) never complete an object */
+		if (f->appended == f->size &&
+		    XXH3_64bits_digest(f->xs) != f->xxh3)
+			return eng_err(err, CKPT_E_CORRUPT,
+				       "%s: the local file does not match its "
+				       "XXH3 in the index: not uploaded",
+				       f->name);
 		if (f->appended == f->size)
 			return gcs_upload_finish(f->u, &f->crc);
 	}
@@ -959,8 +979,10 @@ static void ho_done(gcs_sink *s, up_step *u)
 	uint32_t f;
 
 	if (keep) {
-		for (f = 0; f < u->nfiles; f++)
+		for (f = 0; f < u->nfiles; f++) {
 			u->f[f].size = job->files[f].size;
+			u->f[f].xxh3 = job->files[f].xxh3;
+		}
 		u->state = ST_BACKGROUND;
 		journal_save(s, u);
 	}
@@ -1094,8 +1116,9 @@ static const eng_sink_ops gcs_sink_ops = {
 	.destroy = gs_destroy,
 };
 
-/* Sizes of the files of a journal written at the start of a save, from
- * the local index: -ENOENT if the save never completed locally. */
+/* Sizes (of a journal written at the start of a save) and hashes of the
+ * journal's files, from the local index: -ENOENT if the save never
+ * completed locally. */
 static int sizes_from_index(gcs_sink *s, eng_journal *j)
 {
 	char d[32], iname[32], err[256], *path;
@@ -1121,8 +1144,13 @@ static int sizes_from_index(gcs_sink *s, eng_journal *j)
 				break;
 		if (k == ix.nfiles)
 			r = -ENOENT;
-		else
+		else if (j->files[i].size == UINT64_MAX ||
+			 j->files[i].size == ix.files[k].size) {
 			j->files[i].size = ix.files[k].size;
+			j->files[i].xxh3 = ix.files[k].xxh3;
+		} else {
+			r = CKPT_E_CORRUPT;
+		}
 	}
 	fmt_index_free(&ix);
 	return r;
@@ -1147,10 +1175,9 @@ static void load_journals(gcs_sink *s)
 
 		if (eng_journal_read(root, steps[k], &j, err) < 0)
 			continue;
-		for (i = 0; i < j.nfiles; i++)
-			if (j.files[i].size == UINT64_MAX)
-				break;
-		if (i < j.nfiles && !strcmp(j.remote, s->remote) &&
+		/* sizes (if not known yet) and hashes from the local index;
+		 * without one the save never completed here */
+		if (!strcmp(j.remote, s->remote) && j.host == s->host &&
 		    sizes_from_index(s, &j) < 0) {
 			eng_journal_remove(root, j.step);
 			eng_journal_free(&j);
@@ -1167,6 +1194,7 @@ static void load_journals(gcs_sink *s)
 				break;
 			}
 			u->f[i].done = j.files[i].done;
+			u->f[i].xxh3 = j.files[i].xxh3;
 			u->f[i].confirmed = j.files[i].confirmed;
 			u->f[i].session = j.files[i].session;
 			j.files[i].session = NULL;
@@ -1235,6 +1263,9 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 		struct gcs_config cfg = { 0 };
 
 		cfg.streams = eng_gcs_streams();
+		if (getenv("CKPT_GCS_DEADLINE")) /* as eng_gcs_client_new */
+			cfg.deadline_s =
+				strtod(getenv("CKPT_GCS_DEADLINE"), NULL);
 		piece_size(s, c, direct);
 		cfg.chunk_bytes = s->piece;
 		r = gcs_client_new(&s->gc, &cfg);

@@ -12,13 +12,15 @@
  * stalls) lands byte-identical with no stray objects, retries counted and
  * printed; an upload that cannot succeed (no such bucket) is reported by
  * ckpt_upload_wait, the upload status and the sink status, and leaves its
- * journal, which keeps the step from retention unless gc is told. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
+ * journal, which keeps the step from retention unless gc is told; a
+ * local file changed before its upload resumed is not uploaded. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
 #include "test_gcs_util.h"
 #include "testutil.h"
 
 #include "ckpt.h"
+#include "fmt.h"
 #include "gcs.h"
 
 #include <errno.h>
@@ -238,6 +240,59 @@ START_TEST(both_soak)
 }
 END_TEST
 
+/* The local copy changed after the save (a bit flip on disk) while its
+ * upload waited in the journal: the resumed upload reads the file, finds
+ * it differs from the index's XXH3 and creates neither the object nor the
+ * commit. The first attempt fails fast on a dead endpoint. */
+START_TEST(both_corrupt_local)
+{
+	char *dir = tu_path("%s/corrupt", tu_tmpdir());
+	char *shard, *o, dn[32], n1[32];
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	ckpt *c;
+	tu_set set;
+	FILE *f;
+	int r;
+
+	setenv("CKPT_GCS_DEADLINE", "1", 1);
+	setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:9", 1);
+	c = open_both(dir, "gs://" BUCKET "/corrupt", 16u << 20, 1u << 20);
+	make_set(&set, 8, 5);
+	ck_assert_int_eq(tu_save(c, 2, &set), 0);
+	ck_assert_int_lt(ckpt_upload_wait(c, -1), 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	unsetenv("CKPT_GCS_DEADLINE");
+	setenv("STORAGE_EMULATOR_HOST", gk_srv.url, 1);
+
+	fmt_step_dirname(2, dn);
+	fmt_shard_name(0, 1, n1);
+	shard = tu_path("%s/%s/%s", dir, dn, n1);
+	f = fopen(shard, "r+b");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 10000, SEEK_SET);
+	r = fgetc(f);
+	fseek(f, 10000, SEEK_SET);
+	fputc(r ^ 0x10, f);
+	ck_assert_int_eq(fclose(f), 0);
+
+	c = open_both(dir, "gs://" BUCKET "/corrupt", 16u << 20, 1u << 20);
+	r = ckpt_upload_wait(c, -1);
+	ck_assert_int_eq(r, CKPT_E_CORRUPT);
+	ck_assert_ptr_nonnull(strstr(ckpt_errmsg(c), n1));
+	ck_assert_int_eq(ckpt_close(c), 0);
+	o = gk_object("corrupt", 2, n1);
+	ck_assert_int_eq(gk_exists(gc, BUCKET, o), 0);
+	free(o);
+	o = gk_object("corrupt", 2, "COMMIT");
+	ck_assert_int_eq(gk_exists(gc, BUCKET, o), 0);
+	free(o);
+	gcs_client_free(gc);
+	tu_set_free(&set);
+	free(shard);
+	free(dir);
+}
+END_TEST
+
 /* gs:// alone: the upload sink decides the save; ckpt_wait() returns
  * when the step is committed in the bucket. */
 START_TEST(alone)
@@ -294,8 +349,9 @@ END_TEST
 
 int main(void)
 {
-	const TTest *const tests[] = { both_basic, both_lagging, both_no_bucket,
-				       both_soak, alone };
+	const TTest *const tests[] = { both_basic,     both_lagging,
+				       both_no_bucket, both_corrupt_local,
+				       both_soak,      alone };
 
 	return gk_main(BUCKET, "gcs_save", 900, tests,
 		       sizeof(tests) / sizeof(tests[0]));
