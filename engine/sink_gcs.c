@@ -554,8 +554,9 @@ static int live_check(gcs_sink *s, up_step *u)
 
 		if (!op || !gcs_op_done(op) || !(r = gcs_op_wait(op)))
 			continue;
-		eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r), "%s: %s",
-			      u->f[i].object, gcs_op_errmsg(op));
+		eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r),
+			      "gs://%s/%s: %s", s->bucket, u->f[i].object,
+			      gcs_op_errmsg(op));
 		return r;
 	}
 	return 0;
@@ -638,16 +639,16 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 			free(f->session);
 			f->session = NULL;
 		} else if (r < 0) {
-			return eng_err(err, r, "%s: resuming: %s", f->object,
-				       gcs_errmsg(s->gc));
+			return eng_err(err, r, "gs://%s/%s: resuming: %s",
+				       s->bucket, f->object, gcs_errmsg(s->gc));
 		}
 	}
 	if (!f->u) {
 		persisted = 0;
 		r = gcs_upload_start(s->gc, s->bucket, f->object, &o, &f->u);
 		if (r < 0)
-			return eng_err(err, r, "%s: %s", f->object,
-				       gcs_errmsg(s->gc));
+			return eng_err(err, r, "gs://%s/%s: %s", s->bucket,
+				       f->object, gcs_errmsg(s->gc));
 	}
 	if (gcs_op_done(gcs_upload_op(f->u))) {
 		/* it was complete before the restart: step_run collects it */
@@ -711,8 +712,8 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 		r = gcs_upload_append(f->u, p, n, release_read, rp);
 		if (r < 0) {
 			free(rp);
-			return eng_err(err, r, "%s: %s", f->object,
-				       gcs_errmsg(s->gc));
+			return eng_err(err, r, "gs://%s/%s: %s", s->bucket,
+				       f->object, gcs_errmsg(s->gc));
 		}
 		f->appended += n;
 		/* bytes that differ from what the writer hashed (the local
@@ -765,7 +766,7 @@ static int put_index(gcs_sink *s, up_step *u, const uint8_t *doc,
 			gcs_object_clear(&m);
 		}
 		if (r < 0)
-			eng_err(err, r, "%s: %s", obj,
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket, obj,
 				r == CKPT_E_EXISTS ?
 					"a different index is already there" :
 					gcs_errmsg(s->gc));
@@ -837,7 +838,7 @@ static void step_run(gcs_sink *s, up_step *u)
 			continue;
 		r = gcs_op_wait(gcs_upload_op(f->u));
 		if (r < 0) {
-			eng_err(err, r, "%s",
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket, f->object,
 				gcs_op_errmsg(gcs_upload_op(f->u)));
 			break;
 		}
@@ -922,7 +923,7 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		else if (f->u && (r = bounce_flush(f)) == 0)
 			r = gcs_upload_finish(f->u, NULL);
 		if (r < 0 && !err[0])
-			eng_err(err, r, "%s: %s", f->object,
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket, f->object,
 				gcs_op_errmsg(gcs_upload_op(f->u)));
 	}
 	for (left = 1; r == 0 && left;) {
@@ -937,7 +938,8 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 			}
 			r = gcs_op_wait(gcs_upload_op(f->u));
 			if (r < 0)
-				eng_err(err, r, "%s",
+				eng_err(err, r, "gs://%s/%s: %s", s->bucket,
+					f->object,
 					gcs_op_errmsg(gcs_upload_op(f->u)));
 			f->done = 1;
 		}
