@@ -339,7 +339,8 @@ START_TEST(alone)
 	/* a bucket that does not exist fails the save, loudly */
 	ck_assert_int_eq(ckpt_open(&c, "gs://no-such-bucket/a", &s), 0);
 	ck_assert_int_lt(tu_save(c, 1, &set), 0);
-	ck_assert_ptr_nonnull(strstr(ckpt_errmsg(c), "no-such-bucket"));
+	ck_assert_msg(strstr(ckpt_errmsg(c), "no-such-bucket"), "%s",
+		      ckpt_errmsg(c));
 	ckpt_close(c);
 	gcs_client_free(gc);
 	tu_set_free(&set);
