@@ -91,6 +91,8 @@ static void md_start(struct md_server *s, const char *absent1,
 				 port);
 			snprintf(s->url, sizeof(s->url), "http://%s", s->host);
 			setenv("GCE_METADATA_HOST", s->host, 1);
+			free(portfile);
+			free(srv);
 			return;
 		}
 		if (f)
