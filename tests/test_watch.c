@@ -600,7 +600,7 @@ START_TEST(test_faults)
 	const char *spec = fault_kinds[_i];
 	char body[512];
 	uint64_t iters = 0, degraded0, ev = 0, slow = 0, blocked = 0;
-	uint64_t preempted = 0;
+	uint64_t preempted = 0, batches = 0, blocked_batches = 0;
 	double t0, worst = 0, t;
 	int healthy_again = 0;
 
@@ -620,7 +620,7 @@ START_TEST(test_faults)
 	 * between two getrusage(RUSAGE_THREAD) calls count the times the
 	 * loop's thread blocked (a lock or a sleeping system call would) */
 	t0 = now_s();
-	while (!healthy_again) {
+	while (!healthy_again || batches < 200) {
 		struct rusage r0, r1;
 		int j;
 
@@ -635,6 +635,8 @@ START_TEST(test_faults)
 		}
 		ck_assert_int_eq(getrusage(RUSAGE_THREAD, &r1), 0);
 		blocked += (uint64_t)(r1.ru_nvcsw - r0.ru_nvcsw);
+		blocked_batches += r1.ru_nvcsw != r0.ru_nvcsw;
+		batches++;
 		preempted += (uint64_t)(r1.ru_nivcsw - r0.ru_nivcsw);
 		{
 			ck_assert_int_eq(ckpt_watch_state(c, &st), 0);
@@ -654,8 +656,15 @@ START_TEST(test_faults)
 	       (unsigned long long)slow, (unsigned long long)blocked,
 	       (unsigned long long)preempted,
 	       (unsigned long long)st.keys[0].errors, st.keys[0].error);
-	/* never blocked: a slow call was the scheduler preempting us */
-	ck_assert_uint_eq(blocked, 0);
+	/* A lock shared with the failing watcher thread or a sleeping system
+	 * call would block the loop in many of the thousands of batches. A
+	 * loaded machine can still make a batch sleep once on its own (a
+	 * code page evicted and read back in): one batch in a hundred is
+	 * allowed for that; a slow call was the scheduler preempting us. */
+	ck_assert_msg(blocked_batches * 100 <= batches,
+		      "%s: the loop's thread blocked in %llu of %llu batches",
+		      spec, (unsigned long long)blocked_batches,
+		      (unsigned long long)batches);
 	ck_assert_uint_ge(st.keys[0].errors, 1);
 	ck_assert_uint_gt(iters, 1000);
 	/* still watching: a change is seen */
