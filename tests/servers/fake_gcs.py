@@ -325,7 +325,8 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
         self.method = method
         st = self.server.stats
         st.method(method)
-        fake_gcs_hostile.intercept(self, method, params)
+        if fake_gcs_hostile.intercept(self, method, params):
+            return
         tid = self.headers.get("x-retry-test-id")
         if tid:
             self.fault = self.server.retry.next_fault(tid, method)

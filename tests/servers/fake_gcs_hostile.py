@@ -5,8 +5,9 @@ real service does; these rules make it lie, to test that the product
 (reader, uploads, ckptctl) never trusts what it cannot check. A rule
 applies to API requests whose object name (uploads: ?name= or the
 session's name; lists: ?prefix=) contains `match`, `times` times (0 or
-absent: until cleared); normal requests are served by the documented
-protocol, untouched.
+absent: until cleared); `fired` counts the answers it really changed (an
+error answer is left alone: it is the truth). Normal requests are served
+by the documented protocol, untouched.
 
     POST /_fake/hostile {"mode": M, "match": S, "times": N} -> {"id"}
     GET /_fake/hostile -> {"rules": [{"id", "mode", "match", "fired"}]}
@@ -24,15 +25,17 @@ Modes:
                    answers 200 with half a JSON document
   endless-list     objects.list: every page has no items and a new
                    nextPageToken
-  range-lie        resumable pieces and status queries: 308 whose Range
-                   claims 1 MiB more than the server holds
+  range-lie        resumable pieces (the last one too) and status
+                   queries: the bytes are dropped, the answer is a 308 whose
+                   Range claims 1 MiB past the end of the piece
   foreign-location resumable initiation: the session URI names another
                    host (127.0.0.2:9); the session exists all the same
 
 Hooks (fake_gcs.py calls two functions): control() serves the endpoint;
-intercept() is called for each routed API request and installs, on that
-request's handler only, a replacement of send_json / send_empty /
-sendfile / status_308, so the handlers themselves stay as documented.
+intercept() is called for each routed API request and answers it itself
+(range-lie, endless-list) or installs, on that request's handler only, a replacement
+of send_json / send_empty / sendfile (removed again at the next request
+of the connection), so the handlers themselves stay as documented.
 """
 
 import itertools
@@ -42,6 +45,8 @@ import urllib.parse
 
 MODES = ("bad-crc", "truncate", "garbage-list", "garbage-stat",
          "garbage-upload", "endless-list", "range-lie", "foreign-location")
+ENDLESS = itertools.count()
+OVERRIDES = ("send_json", "send_empty", "sendfile")
 GARBAGE = b'{"kind": "storage#object", "name": "x", "size": '
 
 
@@ -66,16 +71,20 @@ class Rules:
         return r
 
     def take(self, modes, target):
-        """The first rule of one of `modes` matching target, counted."""
+        """The first live rule of one of `modes` matching target."""
         if target is None:
             return None
         with self.lock:
             for r in self.rules:
                 if r["mode"] in modes and r["match"] in target and \
                    (not r["times"] or r["fired"] < r["times"]):
-                    r["fired"] += 1
-                    return r["mode"]
+                    return r
         return None
+
+    def fire(self, rule):
+        """The rule really changed an answer: counted."""
+        with self.lock:
+            rule["fired"] += 1
 
 
 def control(h, method):
@@ -115,59 +124,67 @@ def _target(h, method, params):
     return None
 
 
-def _garbage(h):
+def _garbage(h, rule):
+    """send_json lying on success (an error status is the truth)."""
+    real = h.send_json
+
     def send(code, obj, headers=()):
+        if code != 200:
+            return real(code, obj, headers)
+        h.server.hostile.fire(rule)
         h.send_bytes(code, [("Content-Type", "application/json")] +
                      list(headers), GARBAGE)
     return send
 
 
 def intercept(h, method, params):
-    """Installs the rule that applies to this request, if any."""
+    """Installs the rule that applies to this request, if any; True
+    when the rule answered the request itself."""
     rules = h.server.hostile
+    for name in OVERRIDES:  # one handler serves a whole connection
+        h.__dict__.pop(name, None)
     if not rules.rules:
-        return
+        return False
     target = _target(h, method, params)
     media = method == "storage.objects.get" and (
         h.args.get("alt") == "media" or
         h.rawpath.startswith("/download/"))
     if method == "storage.objects.list":
-        mode = rules.take(("garbage-list", "endless-list"), target)
-        if mode == "garbage-list":
-            h.send_json = _garbage(h)
-        elif mode == "endless-list":
-            _endless(h)
+        rule = rules.take(("garbage-list", "endless-list"), target)
+        if rule and rule["mode"] == "garbage-list":
+            h.send_json = _garbage(h, rule)
+        elif rule:
+            return _endless(h, rule)
     elif media:
-        mode = rules.take(("bad-crc", "truncate"), target)
-        if mode:
-            _media(h, mode)
+        rule = rules.take(("bad-crc", "truncate"), target)
+        if rule:
+            _media(h, rule)
     elif method == "storage.objects.get":
-        if rules.take(("garbage-stat",), target):
-            h.send_json = _garbage(h)
+        rule = rules.take(("garbage-stat",), target)
+        if rule:
+            h.send_json = _garbage(h, rule)
     elif method == "storage.objects.insert":
-        _upload(h, rules, target)
+        return _upload(h, rules, target)
+    return False
 
 
-def _endless(h):
-    real = h.send_json
-    count = itertools.count()
-
-    def send(code, obj, headers=()):
-        if code == 200 and isinstance(obj, dict):
-            obj = {"kind": "storage#objects",
-                   "nextPageToken": "endless-%s-%d" % (
-                       h.args.get("pageToken", ""), next(count))}
-        real(code, obj, headers)
-    h.send_json = send
+def _endless(h, rule):
+    """A page with nothing in it and yet another token, every time."""
+    h.server.hostile.fire(rule)
+    h.body.drain()
+    h.send_json(200, {"kind": "storage#objects",
+                      "nextPageToken": "endless-%d" % next(ENDLESS)})
+    return True
 
 
-def _media(h, mode):
+def _media(h, rule):
     real = h.sendfile
 
     def sendfile(f, offset, count):
         if count <= 0:
             return
-        if mode == "truncate":
+        h.server.hostile.fire(rule)
+        if rule["mode"] == "truncate":
             real(f, offset, count // 2)
             h.drop()
         f.seek(offset)
@@ -183,27 +200,33 @@ def _upload(h, rules, target):
     initiation = h.command == "POST" and \
         h.args.get("uploadType") == "resumable"
     if initiation:
-        if rules.take(("foreign-location",), target):
+        rule = rules.take(("foreign-location",), target)
+        if rule:
             real = h.send_empty
 
             def send_empty(code, headers=(), reason=None):
                 out = []
                 for k, v in headers:
                     if k == "Location":
+                        rules.fire(rule)
                         u = urllib.parse.urlsplit(v)
                         v = u._replace(netloc="127.0.0.2:9").geturl()
                     out.append((k, v))
                 real(code, out, reason)
             h.send_empty = send_empty
-        return
-    if resumable_piece and rules.take(("range-lie",), target):
-        real = h.send_empty
-
-        def status_308(up):
-            hdr = [("X-GUploader-UploadID", up.id),
-                   ("Range", "bytes=0-%d" % (up.persisted +
-                                             (1 << 20) - 1))]
-            real(308, hdr, "Resume Incomplete")
-        h.status_308 = status_308
-    if rules.take(("garbage-upload",), target):
-        h.send_json = _garbage(h)
+        return False
+    rule = rules.take(("range-lie",), target) if resumable_piece else None
+    if rule:
+        rules.fire(rule)
+        # the piece is not stored; the answer claims 1 MiB past its end
+        cr = h.headers.get("Content-Range", "")
+        rng = cr[6:].partition("/")[0] if cr.startswith("bytes ") else "*"
+        end = int(rng.partition("-")[2]) + 1 if "-" in rng else 0
+        h.body.drain()
+        h.send_empty(308, [("Range", "bytes=0-%d" % (end + (1 << 20) - 1))],
+                     "Resume Incomplete")
+        return True
+    rule = rules.take(("garbage-upload",), target)
+    if rule:
+        h.send_json = _garbage(h, rule)
+    return False
