@@ -918,14 +918,24 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		}
 		goto out;
 	}
+	/* an upload that failed says why bytes are missing (once one
+	 * failed, the upload thread gave every file's chunks back) */
+	for (i = 0; i < u->nfiles && r == 0; i++) {
+		struct gcs_op *op = u->f[i].u ? gcs_upload_op(u->f[i].u) : NULL;
+
+		if (op && gcs_op_done(op) && (r = gcs_op_wait(op)) < 0)
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket,
+				u->f[i].object, gcs_op_errmsg(op));
+	}
 	for (i = 0; i < u->nfiles && r == 0; i++) {
 		up_file *f = &u->f[i];
 
 		if (f->u && f->appended != job->files[i].size)
 			r = eng_err(err, -EIO,
-				    "%s: %" PRIu64 " bytes sent of "
+				    "gs://%s/%s: %" PRIu64 " bytes sent of "
 				    "%" PRIu64,
-				    f->object, f->appended, job->files[i].size);
+				    s->bucket, f->object, f->appended,
+				    job->files[i].size);
 		else if (f->u && (r = bounce_flush(f)) == 0)
 			r = gcs_upload_finish(f->u, NULL);
 		if (r < 0 && !err[0])
