@@ -33,9 +33,9 @@ Modes:
 
 Hooks (fake_gcs.py calls two functions): control() serves the endpoint;
 intercept() is called for each routed API request and answers it itself
-(range-lie, endless-list) or installs, on that request's handler only, a replacement
-of send_json / send_empty / sendfile (removed again at the next request
-of the connection), so the handlers themselves stay as documented.
+(range-lie, endless-list) or installs, on that request's handler only, a
+replacement of send_json / send_empty / sendfile (removed again at the
+next request of the connection), so the handlers stay as documented.
 """
 
 import itertools
