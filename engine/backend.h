@@ -75,6 +75,9 @@ typedef struct eng_backend {
 		    eng_list_fn fn, void *arg, char *errbuf);
 	/* Size of an object; -ENOENT if absent. */
 	int (*size)(eng_loc *l, const char *key, uint64_t *size);
+	/* Optional: what the last failed size() met (the server's reply),
+	 * for messages; NULL: the error code says it all. */
+	const char *(*why)(eng_loc *l);
 	int (*get)(eng_loc *l, const char *key, uint64_t max_len, uint8_t **out,
 		   size_t *out_len, char *errbuf);
 	int (*read_range)(eng_loc *l, const char *key, uint64_t off, void *buf,

@@ -182,6 +182,11 @@ static int gb_size(eng_loc *l, const char *key, uint64_t *size)
 	return r < 0 ? eng_gcs_code(r) : 0;
 }
 
+static const char *gb_why(eng_loc *l)
+{
+	return gcs_errmsg(gb_client(l));
+}
+
 static int gb_get(eng_loc *l, const char *key, uint64_t max_len, uint8_t **out,
 		  size_t *out_len, char *errbuf)
 {
@@ -408,6 +413,7 @@ const eng_backend eng_backend_gcs = {
 	.name = "gcs",
 	.list = gb_list,
 	.size = gb_size,
+	.why = gb_why,
 	.get = gb_get,
 	.read_range = gb_read_range,
 	.create = gb_create,

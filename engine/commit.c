@@ -147,7 +147,9 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 						    root, key, h) :
 					    eng_err(errbuf, r, "%s/%s: stat: %s",
 						    root, key,
-						    ckpt_strerror(r));
+						    l->be->why ?
+							    l->be->why(l) :
+							    ckpt_strerror(r));
 				goto out;
 			}
 			if (size != fe->size) {

@@ -14,16 +14,24 @@
  * the local shard files, which are durable before the journal exists.
  *
  *   {"v":1,"step":N,"remote":"gs://B/P","host":H,"hosts":K,
- *    "index_done":0,"files":[{"name":"h0-f0.shard","size":S,
+ *    "index_done":0,["error":"why the last attempt failed",]
+ *    "files":[{"name":"h0-f0.shard","size":S,
  *    "session":"http://...","confirmed":C,"done":0}, ...]}
+ *
+ * Whether a process is uploading now: it holds DIR/.upload locked
+ * (flock, shared) while its handle is open, so `ckptctl ls` can tell an
+ * upload in progress from one that waits for the next ckpt_open.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "journal.h"
 
@@ -39,6 +47,7 @@ void eng_journal_free(eng_journal *j)
 		free(j->files[i].session);
 	free(j->files);
 	free(j->remote);
+	free(j->error);
 	memset(j, 0, sizeof(*j));
 }
 
@@ -61,6 +70,8 @@ int eng_journal_write(const char *root, const eng_journal *j, char *errbuf)
 	json_object_set_new(o, "host", json_integer(j->host));
 	json_object_set_new(o, "hosts", json_integer(j->hosts));
 	json_object_set_new(o, "index_done", json_integer(j->index_done));
+	if (j->error)
+		json_object_set_new(o, "error", json_string(j->error));
 	for (i = 0; i < j->nfiles; i++) {
 		const eng_jfile *f = &j->files[i];
 		json_t *e = json_object();
@@ -142,6 +153,9 @@ int eng_journal_read(const char *root, uint64_t step, eng_journal *j,
 	j->index_done = (int)jint(o, "index_done");
 	j->remote = strdup(json_string_value(rv));
 	j->files = calloc(json_array_size(fa) + 1, sizeof(*j->files));
+	if (json_is_string(json_object_get(o, "error")))
+		j->error =
+			strdup(json_string_value(json_object_get(o, "error")));
 	if (!j->remote || !j->files) {
 		r = eng_err(errbuf, -ENOMEM, "out of memory");
 		goto out;
@@ -256,4 +270,38 @@ int eng_journal_list(const char *root, uint64_t **steps, size_t *n)
 		qsort(v, *n, sizeof(*v), cmp_u64);
 	*steps = v;
 	return 0;
+}
+
+int eng_journal_hold(const char *root)
+{
+	char *dir = eng_path("%s/" JDIR, root);
+	int fd, r = dir ? eng_mkdir(dir, 0755) : -ENOMEM;
+
+	if (r < 0) {
+		free(dir);
+		return r;
+	}
+	fd = eng_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+	free(dir);
+	if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int eng_journal_held(const char *root)
+{
+	char *dir = eng_path("%s/" JDIR, root);
+	int fd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	int held = 0;
+
+	free(dir);
+	if (fd < 0)
+		return 0;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+		held = errno == EWOULDBLOCK;
+	close(fd); /* releases ours, if taken */
+	return held;
 }

@@ -20,6 +20,7 @@ typedef struct eng_journal {
 	int index_done;
 	uint32_t nfiles;
 	eng_jfile *files;
+	char *error; /* why the last attempt failed; NULL: it did not */
 } eng_journal;
 
 /* Replaces ROOT/.upload/step-N.journal atomically and durably. */
@@ -33,5 +34,10 @@ int eng_journal_remove(const char *root, uint64_t step);
 int eng_journal_pending(const char *root, uint64_t step);
 /* Steps with a journal, ascending (malloc'd). */
 int eng_journal_list(const char *root, uint64_t **steps, size_t *n);
+/* A process uploading from ROOT holds ROOT/.upload locked (shared) while
+ * its handle is open: eng_journal_hold returns the fd (close releases),
+ * eng_journal_held says whether one does (1) or not (0). */
+int eng_journal_hold(const char *root);
+int eng_journal_held(const char *root);
 
 #endif

@@ -544,6 +544,8 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 	if (rc == 0)
 		r->errmsg[0] = 0;
 out:
+	if (rc < 0)
+		rd_locate(r); /* a gs:// source's object named whole */
 	if (rc < 0 && created) {
 		char saved[ENG_ERRMSG_MAX], *pre = eng_path("%s/", r->dname);
 

@@ -234,6 +234,9 @@ static inline uint64_t max_u64(uint64_t a, uint64_t b)
 /* -ECHILD (with message) when called in a child of the process that
  * opened r, whose worker threads and ring are not there; else 0. */
 int rd_check_process(ckpt_reader *r, const char *fn);
+/* A gs:// reader's message about "step-N/FILE" names the whole object:
+ * gs://BUCKET/PREFIX/step-N/FILE (called on the public calls' failure). */
+void rd_locate(ckpt_reader *r);
 /* Index of the global tensor `name` in r->tensors; CKPT_E_NOTFOUND. */
 int rd_find(const ckpt_reader *r, const char *name, size_t *idx);
 /* Index of the shard file `name` in r->files, or SIZE_MAX. */

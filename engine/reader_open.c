@@ -62,6 +62,27 @@ const char *rd_host_tensor_at(const ckpt_reader *r, uint32_t h, uint64_t cs,
 	}
 	return NULL;
 }
+void rd_locate(ckpt_reader *r)
+{
+	size_t rl, ml, dl = strlen(r->dname), cap = sizeof(r->errmsg);
+
+	if (!r->loc || !r->root || strncmp(r->errmsg, r->dname, dl) ||
+	    r->errmsg[dl] != '/')
+		return;
+	rl = strlen(r->root);
+	if (rl && r->root[rl - 1] == '/')
+		rl--;
+	if (rl + 2 >= cap)
+		return;
+	ml = strlen(r->errmsg);
+	if (rl + 1 + ml >= cap) /* the end of the message gives way */
+		ml = cap - rl - 2;
+	memmove(r->errmsg + rl + 1, r->errmsg, ml);
+	memcpy(r->errmsg, r->root, rl);
+	r->errmsg[rl] = '/';
+	r->errmsg[rl + 1 + ml] = 0;
+}
+
 int rd_find(const ckpt_reader *r, const char *name, size_t *idx)
 {
 	size_t lo = 0, hi = r->ntensors;
@@ -687,6 +708,7 @@ CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
 	return 0;
 fail:
 	/* the thread-local message must survive the close */
+	rd_locate(r);
 	eng_err(NULL, rc, "%s", r->errmsg);
 	ckpt_reader_close(r);
 	return rc;

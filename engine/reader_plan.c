@@ -463,6 +463,8 @@ CKPT_API int ckpt_read_batch(ckpt_reader *r, ckpt_read_req *reqs, size_t n)
 	if (rc != 0)
 		eng_err(r->errmsg, rc, "%s", b.err_msg);
 out:
+	if (rc < 0)
+		rd_locate(r);
 	rd_batch_free(&b);
 	return rc;
 }

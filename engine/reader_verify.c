@@ -174,17 +174,11 @@ out:
 	return rc;
 }
 
-CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
-				void *arg)
+static int rd_verify_all(ckpt_reader *r, ckpt_progress_fn fn, void *arg)
 {
 	uint64_t total, done = 0;
 	int rc;
 
-	if (!r)
-		return eng_err(NULL, -EINVAL, "ckpt_reader_verify: reader is NULL");
-	rc = rd_check_process(r, "ckpt_reader_verify");
-	if (rc < 0)
-		return rc;
 	total = r->commit_size;
 	for (size_t i = 0; i < r->cm.nfiles; i++)
 		total += r->cm.files[i].size;
@@ -218,4 +212,20 @@ CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
 	}
 	r->errmsg[0] = 0;
 	return 0;
+}
+
+CKPT_API int ckpt_reader_verify(ckpt_reader *r, ckpt_progress_fn fn,
+				void *arg)
+{
+	int rc;
+
+	if (!r)
+		return eng_err(NULL, -EINVAL, "ckpt_reader_verify: reader is NULL");
+	rc = rd_check_process(r, "ckpt_reader_verify");
+	if (rc < 0)
+		return rc;
+	rc = rd_verify_all(r, fn, arg);
+	if (rc < 0)
+		rd_locate(r); /* a gs:// object named whole */
+	return rc;
 }

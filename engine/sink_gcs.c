@@ -97,6 +97,7 @@ typedef struct up_step {
 	up_file *f;
 	int state;
 	int index_done;
+	char *error; /* journaled once the step failed */
 	struct up_step *next;
 } up_step;
 
@@ -118,6 +119,7 @@ typedef struct gcs_sink {
 	struct gcs_client *gc; /* the upload thread's */
 	pthread_t thr;
 	int thr_started;
+	int hold_fd; /* DIR/.upload locked while open (journal.c) */
 	uint32_t host, hosts;
 	size_t piece;    /* resumable piece (gcs client chunk_bytes) */
 	size_t min_span; /* smaller chunks are copied (live_append) */
@@ -166,6 +168,7 @@ static void step_free(up_step *u)
 			eng_close(u->f[i].fd);
 	}
 	free(u->f);
+	free(u->error);
 	free(u);
 }
 
@@ -227,6 +230,7 @@ static int journal_save(gcs_sink *s, up_step *u)
 	j.host = s->host;
 	j.hosts = s->hosts;
 	j.index_done = u->index_done;
+	j.error = u->error;
 	j.nfiles = u->nfiles;
 	j.files = jf;
 	for (i = 0; i < u->nfiles; i++) {
@@ -274,9 +278,16 @@ static void set_status(gcs_sink *s, up_step *u, int state)
 static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 {
 	struct ckpt *c = s->base.c;
+	int was = u->state;
 
 	u->state = ST_FAILED;
 	r = eng_gcs_code(r);
+	/* the journal says so too (ckptctl ls), unless writing it failed */
+	if (was != ST_FAILED && !s->direct && !u->error) {
+		u->error = strdup(msg);
+		if (u->error)
+			journal_save(s, u);
+	}
 	pthread_mutex_lock(&s->mu);
 	s->st.status = r;
 	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s", u->step,
@@ -918,14 +929,24 @@ static void direct_run(gcs_sink *s, up_step *u, int cmd)
 		}
 		goto out;
 	}
+	/* an upload that failed says why bytes are missing (once one
+	 * failed, the upload thread gave every file's chunks back) */
+	for (i = 0; i < u->nfiles && r == 0; i++) {
+		struct gcs_op *op = u->f[i].u ? gcs_upload_op(u->f[i].u) : NULL;
+
+		if (op && gcs_op_done(op) && (r = gcs_op_wait(op)) < 0)
+			eng_err(err, r, "gs://%s/%s: %s", s->bucket,
+				u->f[i].object, gcs_op_errmsg(op));
+	}
 	for (i = 0; i < u->nfiles && r == 0; i++) {
 		up_file *f = &u->f[i];
 
 		if (f->u && f->appended != job->files[i].size)
 			r = eng_err(err, -EIO,
-				    "%s: %" PRIu64 " bytes sent of "
+				    "gs://%s/%s: %" PRIu64 " bytes sent of "
 				    "%" PRIu64,
-				    f->object, f->appended, job->files[i].size);
+				    s->bucket, f->object, f->appended,
+				    job->files[i].size);
 		else if (f->u && (r = bounce_flush(f)) == 0)
 			r = gcs_upload_finish(f->u, NULL);
 		if (r < 0 && !err[0])
@@ -1103,6 +1124,8 @@ static void gs_destroy(eng_sink *es)
 		step_free(u);
 	}
 	gcs_client_free(s->gc);
+	if (s->hold_fd >= 0)
+		eng_close(s->hold_fd);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->q);
@@ -1213,6 +1236,8 @@ static void load_journals(gcs_sink *s)
 			*pp = u;
 			pp = &u->next;
 			s->pending++;
+			if (j.error) /* tried again: no longer failed */
+				journal_save(s, u);
 		}
 		eng_journal_free(&j);
 	}
@@ -1254,6 +1279,7 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 	pthread_cond_init(&s->cv, NULL);
 	s->base.ops = &gcs_sink_ops;
 	s->base.c = c;
+	s->hold_fd = -1;
 	s->host = c->s.host_index;
 	s->direct = direct;
 	s->hosts = c->s.host_count;
@@ -1283,9 +1309,12 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 				"client: %s",
 				remote, ckpt_strerror(r));
 	}
+	if (r == 0 && !direct) {
+		/* best effort: only ckptctl ls's "uploading" depends on it */
+		s->hold_fd = eng_journal_hold(c->root);
+		load_journals(s);
+	}
 	if (r == 0) {
-		if (!direct)
-			load_journals(s);
 		r = -pthread_create(&s->thr, NULL, upload_main, s);
 		if (r < 0)
 			eng_err(NULL, r, "cannot start the upload thread: %s",

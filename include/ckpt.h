@@ -446,7 +446,10 @@ enum ckpt_upload_state {
 	CKPT_UPLOAD_COMMITTED = 2, /* last step committed in the bucket */
 	CKPT_UPLOAD_UPLOADED = 3,  /* this host's part is there; another host
 	                              commits the step when its part lands */
-	CKPT_UPLOAD_FAILED = 4     /* see status and msg; the journal stays */
+	CKPT_UPLOAD_FAILED = 4,    /* see status and msg; the journal stays */
+	CKPT_UPLOAD_PENDING = 5    /* ckpt_upload_list: no process is uploading
+	                              it; the next ckpt_open of the directory
+	                              with this remote resumes it */
 };
 
 typedef struct ckpt_upload_status {
@@ -468,6 +471,37 @@ CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out);
  * host's part is there) or failed, at most timeout_ms (< 0: no limit).
  * Returns 0, the upload's error, or -ETIMEDOUT. */
 CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms);
+
+/* A step of a directory not yet committed in its remote location. */
+typedef struct ckpt_upload_step {
+	uint64_t step;
+	int32_t state;            /* CKPT_UPLOAD_RUNNING: a process has the
+	                             directory open with its remote (uploading
+	                             it, or about to); CKPT_UPLOAD_FAILED: its
+	                             last attempt failed (msg), retried by the
+	                             next ckpt_open with the remote;
+	                             CKPT_UPLOAD_PENDING (see above) */
+	uint32_t files;           /* this host's shard files */
+	uint64_t bytes_total;     /* of the files whose size is known */
+	uint64_t bytes_confirmed; /* the server had them when last recorded */
+	uint32_t sizes_known;     /* 0 while the local save is still running */
+	uint32_t host;            /* this host's index */
+	char remote[256];         /* gs://BUCKET/PREFIX */
+	char msg[256];            /* why the last attempt failed, or "" */
+	uint64_t reserved[4];
+} ckpt_upload_step;
+
+/*
+ * The upload state of the steps of directory `dir` that are not yet in
+ * its remote location, ascending, from the upload journals under
+ * DIR/.upload, without opening the directory for writing (any process
+ * may ask, e.g. `ckptctl ls`, while another saves). A new array *out of
+ * *count entries (free with ckpt_free; NULL and 0 when every upload is
+ * done or there was none). -ENOENT if dir does not exist, -EINVAL for a
+ * gs:// location (it has no journals).
+ */
+CKPT_API int ckpt_upload_list(const char *dir, ckpt_upload_step **out,
+			      size_t *count);
 
 /*
  * Writes the commit record of `step` after checking that every host's

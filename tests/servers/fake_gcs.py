@@ -106,6 +106,10 @@ Fault injection, storage-testbench's retry-test interface:
   "bytes_out", "objects" (live objects), "uploads_open" (resumable
   sessions neither finished nor cancelled)}. The control paths
   (/retry_test*, /_fake/*, /) never fault.
+- FAKE hostile modes (POST /_fake/hostile): answers that lie (a flipped
+  byte under a true x-goog-hash, a truncated body, garbage JSON, an
+  endless list, a 308 claiming unsent bytes, a session URI on another
+  host), for matching objects only; see fake_gcs_hostile.py.
 
 Not implemented: ACLs/IAM, object versioning (noncurrent generations),
 XML API, batch requests, gRPC, signed URLs, retention/holds, CSEK/KMS,
@@ -128,6 +132,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import fake_gcs_hostile  # noqa: E402
 from gcs_faults import RandomFaults, RetryTests  # noqa: E402
 from gcs_hash import Hasher, b64_crc  # noqa: E402
 from gcs_store import GcsError, Store, bad_request  # noqa: E402
@@ -320,6 +325,8 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
         self.method = method
         st = self.server.stats
         st.method(method)
+        if fake_gcs_hostile.intercept(self, method, params):
+            return
         tid = self.headers.get("x-retry-test-id")
         if tid:
             self.fault = self.server.retry.next_fault(tid, method)
@@ -471,6 +478,8 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
                     if u.state == "open")
             self.send_json(200, d)
             return True
+        if p == "/_fake/hostile":
+            return fake_gcs_hostile.control(self, m)
         if p == "/retry_tests" and m == "GET":
             self.send_json(200, {"retry_test": srv.retry.list()})
             return True
@@ -792,6 +801,7 @@ def main():
     srv.random = RandomFaults(a.fault_rate, a.fault_seed) \
             if a.fault_rate > 0 else None
     srv.stats = Stats()
+    srv.hostile = fake_gcs_hostile.Rules()
     srv.split_hash = a.hash_headers == "split"
     for b in a.bucket:
         try:
