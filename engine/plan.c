@@ -536,7 +536,8 @@ void eng_plan_snapshot(struct ckpt *c, ckpt_plan *out)
 		return;
 	pthread_mutex_lock(&p->mu);
 	*out = p->cur;
-	fill_meas(out, &p->m);
+	if (!out->event) /* else the ones the plan used */
+		fill_meas(out, &p->m);
 	pthread_mutex_unlock(&p->mu);
 }
 

@@ -1016,8 +1016,8 @@ typedef struct ckpt_plan {
 	uint64_t reserved[8];
 } ckpt_plan;
 
-/* The last plan and the current measurements (no plan yet: event 0,
- * the measurements filled). */
+/* The last plan, with the measurements it used; before any plan (event
+ * 0) the current measurements. */
 CKPT_API int ckpt_plan_get(const ckpt *c, ckpt_plan *out);
 
 /* ------------------------------------------------------------------ */
