@@ -243,11 +243,13 @@ void eng_plan_save_done(struct ckpt *c, eng_job *job)
 void eng_plan_upload_done(struct ckpt *c, uint64_t step, uint64_t bytes)
 {
 	struct eng_plan *p = c ? c->plan : NULL;
-	double dur;
+	double dur, committed = -1;
 
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->mu);
+	if (p->cur.event && p->cur.step == step)
+		committed = (double)(eng_unix_ns() - p->cur_notice_ns) / 1e9;
 	dur = (double)(mono_ns() - p->upload_start_mono) / 1e9;
 	/* from the save's start: a lower bound of the upload's pace */
 	if (!p->fixed && step == p->upload_step && bytes >= MIN_MEASURE &&
@@ -256,6 +258,14 @@ void eng_plan_upload_done(struct ckpt *c, uint64_t step, uint64_t bytes)
 		p->remote_saves++;
 	}
 	pthread_mutex_unlock(&p->mu);
+	if (committed >= 0) { /* a notice's save reached the bucket */
+		json_t *o = json_object();
+
+		json_object_set_new(o, "source", json_string("upload"));
+		json_object_set_new(o, "step", json_integer((json_int_t)step));
+		json_object_set_new(o, "committed_s", json_real(committed));
+		eng_event_log(c, o);
+	}
 }
 
 void eng_plan_inject(struct ckpt *c, const struct eng_plan_meas *m)
@@ -524,6 +534,7 @@ void eng_plan_before_save(struct ckpt *c, eng_job *job, int codec_explicit)
 	fill_meas(&o, &m);
 	pthread_mutex_lock(&p->mu);
 	p->cur = o;
+	p->cur_notice_ns = notice ? notice : now;
 	pthread_mutex_unlock(&p->mu);
 }
 

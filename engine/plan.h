@@ -48,6 +48,7 @@ struct eng_plan {
 	uint64_t upload_step; /* directory + remote: its upload's step */
 	int64_t upload_start_mono;
 	ckpt_plan cur; /* the last plan and its outcome (ckpt_plan_get) */
+	int64_t cur_notice_ns; /* when its notice was seen */
 	/* tests: called once the fate of a save in flight is decided,
 	 * before waiting for it (with enum ckpt_plan_inflight) */
 	void (*settled)(void *arg, int action);

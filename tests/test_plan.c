@@ -381,6 +381,19 @@ START_TEST(test_journal_remote)
 	ck_assert_int_ge(L.n, 3);
 	ck_assert_ptr_nonnull(find_action(&R, "save", 5));
 	ck_assert_ptr_nonnull(find_action(&R, "stop", 5));
+	/* the upload that committed the notice's step in the bucket */
+	{
+		json_t *u = NULL;
+
+		for (int i = 0; i < L.n; i++)
+			if (!strcmp(str(L.obj[i], "source"), "upload"))
+				u = L.obj[i];
+		ck_assert_ptr_nonnull(u);
+		ck_assert_int_eq(json_integer_value(json_object_get(u, "step")),
+				 5);
+		ck_assert(json_real_value(json_object_get(u, "committed_s")) >=
+			  0);
+	}
 	lines_free(&L);
 	lines_free(&R);
 	gt_server_stop(&fs);
