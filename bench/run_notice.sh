@@ -68,10 +68,13 @@ mdurl=http://127.0.0.1:$(cat "$tmp/md-port")
 export GCE_METADATA_HOST=127.0.0.1:$(cat "$tmp/md-port")
 export STORAGE_EMULATOR_HOST=http://127.0.0.1:$(cat "$tmp/gs-port")
 
+# the fake's test-only control (python3: no curl needed)
 setval() {
-	curl -sf -X POST -H 'Content-Type: application/json' \
-		-d "{\"key\": \"instance/maintenance-event\", \"value\": \"$1\"}" \
-		"$mdurl/_fake/set" >/dev/null
+	$py -c 'import json, sys, urllib.request as u
+u.urlopen(u.Request(sys.argv[1] + "/_fake/set", method="POST",
+    data=json.dumps({"key": "instance/maintenance-event",
+                     "value": sys.argv[2]}).encode()), timeout=10).read()' \
+		"$mdurl" "$1"
 }
 
 # one run: bench_notice ARGS...; announces the notice once it is ready

@@ -544,13 +544,144 @@ CKPT_API int ckpt_events_read(const char *location, ckpt_event_fn fn, void *arg)
 
 /* ---- the handle's journal --------------------------------------------- */
 
+/*
+ * A handle's lines are written by one journal thread, in the order they
+ * were logged: the watcher thread must not wait for an fsync (the disk is
+ * busiest exactly when a notice's save runs), and one queue keeps the
+ * notice's line ahead of its save's. eng_events_drain() waits until the
+ * queue is written (the writer, before ckpt_should_stop says stop).
+ */
+struct jq_item {
+	json_t *obj;
+	struct jq_item *next;
+};
+
+struct eng_jq {
+	pthread_mutex_t mu;
+	pthread_cond_t cv, drained;
+	struct jq_item *head, *tail;
+	int busy; /* the thread is writing one */
+	int stop;
+	pthread_t thr;
+};
+
+static void log_now(struct ckpt *c, json_t *obj);
+
+static void *jq_main(void *arg)
+{
+	struct ckpt *c = arg;
+	struct eng_jq *q = c->jq;
+
+	pthread_mutex_lock(&q->mu);
+	for (;;) {
+		struct jq_item *it;
+
+		while (!q->head && !q->stop)
+			pthread_cond_wait(&q->cv, &q->mu);
+		it = q->head;
+		if (!it)
+			break;
+		q->head = it->next;
+		if (!q->head)
+			q->tail = NULL;
+		q->busy = 1;
+		pthread_mutex_unlock(&q->mu);
+		log_now(c, it->obj);
+		free(it);
+		pthread_mutex_lock(&q->mu);
+		q->busy = 0;
+		if (!q->head)
+			pthread_cond_broadcast(&q->drained);
+	}
+	pthread_mutex_unlock(&q->mu);
+	return NULL;
+}
+
+int eng_events_open(struct ckpt *c)
+{
+	struct eng_jq *q = calloc(1, sizeof(*q));
+	int r;
+
+	if (!q)
+		return -ENOMEM;
+	pthread_mutex_init(&q->mu, NULL);
+	pthread_cond_init(&q->cv, NULL);
+	pthread_cond_init(&q->drained, NULL);
+	c->jq = q;
+	r = -pthread_create(&q->thr, NULL, jq_main, c);
+	if (r < 0) {
+		c->jq = NULL;
+		pthread_cond_destroy(&q->drained);
+		pthread_cond_destroy(&q->cv);
+		pthread_mutex_destroy(&q->mu);
+		free(q);
+	}
+	return r;
+}
+
+void eng_events_close(struct ckpt *c)
+{
+	struct eng_jq *q = c->jq;
+
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->mu);
+	q->stop = 1; /* what is queued is still written */
+	pthread_cond_signal(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+	pthread_join(q->thr, NULL);
+	c->jq = NULL;
+	pthread_cond_destroy(&q->drained);
+	pthread_cond_destroy(&q->cv);
+	pthread_mutex_destroy(&q->mu);
+	free(q);
+}
+
+void eng_events_drain(struct ckpt *c)
+{
+	struct eng_jq *q = c->jq;
+
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->mu);
+	while (q->head || q->busy)
+		pthread_cond_wait(&q->drained, &q->mu);
+	pthread_mutex_unlock(&q->mu);
+}
+
 void eng_event_log(struct ckpt *c, json_t *obj)
+{
+	struct eng_jq *q = c->jq;
+	struct jq_item *it;
+	char t[32];
+
+	if (!obj)
+		return;
+	/* the time it happened, not the time it is written */
+	if (!json_object_get(obj, "time") && eng_events_time(now_ns(), t) == 0)
+		json_object_set_new(obj, "time", json_string(t));
+	it = q ? malloc(sizeof(*it)) : NULL;
+	if (!it) {
+		log_now(c, obj);
+		return;
+	}
+	it->obj = obj;
+	it->next = NULL;
+	pthread_mutex_lock(&q->mu);
+	if (q->tail)
+		q->tail->next = it;
+	else
+		q->head = it;
+	q->tail = it;
+	pthread_cond_signal(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+static void log_now(struct ckpt *c, json_t *obj)
 {
 	char err[ENG_ERRMSG_MAX];
 	int r = 0;
 
-	if (!obj)
-		return;
 	err[0] = 0;
 	if (c->remote_url && !c->remote_only &&
 	    !atomic_exchange(&c->remote_noted, 1))

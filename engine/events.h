@@ -29,8 +29,14 @@ int eng_events_set_remote(const char *dir, const char *remote, char *errbuf);
 /* Uploads every journal whose upload was put off (rate limit). */
 int eng_events_flush(void);
 /* The handle's journal: appends obj (reference stolen) to c's location as
- * host c->s.host_index; failures go to the handle's message only (an
- * event that cannot be recorded never fails a save). */
+ * host c->s.host_index, through the handle's journal thread (in order;
+ * "time" is set now when absent); failures go to the handle's message
+ * only (an event that cannot be recorded never fails a save). */
 void eng_event_log(struct ckpt *c, json_t *obj);
+/* The journal thread: started by ckpt_open, stopped (after writing what
+ * is queued) once every producer is gone; drain waits for the queue. */
+int eng_events_open(struct ckpt *c);
+void eng_events_close(struct ckpt *c);
+void eng_events_drain(struct ckpt *c);
 
 #endif

@@ -195,6 +195,9 @@ static void handle_release(struct ckpt *c, int in_child)
 	free(c->workers);
 	free(c->root);
 	free(c->remote_url);
+	/* in a fork() child: their threads are the parent's */
+	free(c->jq);
+	free(c->plan);
 }
 
 static void handle_free(struct ckpt *c)
@@ -216,7 +219,8 @@ static void handle_free(struct ckpt *c)
 		pthread_join(c->writer, NULL);
 	for (i = 0; i < c->nsinks; i++)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
-	if (c->remote_url) /* journal lines the rate limit held back */
+	eng_events_close(c); /* every line's producer is gone */
+	if (c->remote_url)   /* journal lines the rate limit held back */
 		eng_events_flush();
 	eng_plan_close(c);
 	handle_release(c, 0);
@@ -352,6 +356,8 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 		}
 	}
 	r = eng_plan_open(c);
+	if (r == 0)
+		r = eng_events_open(c);
 	if (r == 0)
 		r = eng_watch_open(c);
 	if (r < 0) {

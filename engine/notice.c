@@ -143,6 +143,86 @@ void eng_watch_log_change(struct eng_watch *w, const char *key, const char *old,
 	eng_event_log(w->c, o);
 }
 
+/* ---- a notice answered before a restart ------------------------------ */
+
+struct answered {
+	uint32_t host;
+	const char *key, *etag, *reason;
+	int seen, answered;
+	int64_t deadline_ns;
+	double save_s;
+};
+
+static int answered_line(void *arg, uint32_t host, const char *line)
+{
+	struct answered *a = arg;
+	json_t *o;
+	const char *act;
+
+	if (host != a->host)
+		return 0;
+	o = json_loads(line, 0, NULL);
+	act = json_string_value(json_object_get(o, "action"));
+	if (act && !strcmp(act, "save")) {
+		const char *src =
+			json_string_value(json_object_get(o, "source"));
+		const char *key = json_string_value(json_object_get(o, "key"));
+		const char *etag =
+			json_string_value(json_object_get(o, "etag"));
+		const char *why =
+			json_string_value(json_object_get(o, "reason"));
+
+		if (src && key && etag && !strcmp(src, "metadata") &&
+		    !strcmp(key, a->key) && !strcmp(etag, a->etag)) {
+			/* the notice, seen by an earlier process */
+			a->seen = 1;
+			a->answered = 0;
+			a->deadline_ns = eng_rfc3339_ns(json_string_value(
+				json_object_get(o, "deadline")));
+		} else if (a->seen && why && !strcmp(why, a->reason) &&
+			   json_object_get(o, "step") &&
+			   !json_object_get(o, "error")) {
+			/* ... and the durable save that answered it */
+			a->answered = 1;
+			a->save_s =
+				json_number_value(json_object_get(o, "save_s"));
+		}
+	}
+	json_decref(o);
+	return 0;
+}
+
+int eng_watch_answered(struct eng_watch *w, int slot, const char *key,
+		       const char *etag, int64_t now_ns)
+{
+	struct ckpt *c = w->c;
+	struct answered a = { 0 };
+	int32_t reason = slot == W_MAINT   ? CKPT_REASON_MAINTENANCE :
+			 slot == W_PREEMPT ? CKPT_REASON_PREEMPTED :
+					     CKPT_REASON_UPCOMING;
+	int64_t at;
+
+	a.host = c->s.host_index;
+	a.key = key;
+	a.etag = etag;
+	a.reason = ckpt_reason_name(reason);
+	if (ckpt_events_read(c->root, answered_line, &a) < 0 || !a.answered)
+		return 0;
+	/* one more save just before its deadline, as long as the one that
+	 * answered it took, with a quarter and 50 ms more */
+	at = a.deadline_ns - (int64_t)(a.save_s * 1.25e9) - 50000000;
+	if (a.deadline_ns && at > now_ns) {
+		atomic_store(&w->resave_reason, reason);
+		atomic_store(&w->resave_deadline_ns, a.deadline_ns);
+		atomic_store(&w->resave_notice_ns, now_ns);
+		atomic_store(&w->resave_event,
+			     atomic_fetch_add(&w->events, 1) + 1);
+		atomic_store_explicit(&w->resave_at_ns, at,
+				      memory_order_release);
+	}
+	return 1;
+}
+
 void eng_watch_log_sigterm(struct eng_watch *w, int64_t seen_ns,
 			   int64_t deadline_ns)
 {
@@ -228,6 +308,7 @@ void eng_watch_save_log(struct ckpt *c)
 	if (policy == CKPT_AFTER_CONTINUE && atomic_load(&w->resave_at_ns))
 		set_time(o, "resave_at", atomic_load(&w->resave_at_ns));
 	eng_event_log(c, o);
+	eng_events_drain(c); /* the lines are written before "stop" */
 	if (policy == CKPT_AFTER_STOP)
 		atomic_store_explicit(&w->stop_now, 1, memory_order_release);
 }

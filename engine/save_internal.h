@@ -237,6 +237,7 @@ struct ckpt {
 
 	struct eng_watch *watch; /* when to save (watch.c) */
 	struct eng_plan *plan;   /* measurements, notice plans (plan.c) */
+	struct eng_jq *jq;       /* the event journal's thread (events.c) */
 	char *remote_url;        /* settings.remote: the event journal's
 	                            upload (events.c) */
 	atomic_int remote_noted; /* DIR/events/remote written */

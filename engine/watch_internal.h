@@ -106,6 +106,15 @@ void eng_watch_log_change(struct eng_watch *w, const char *key,
 void eng_watch_log_sigterm(struct eng_watch *w, int64_t seen_ns,
 			   int64_t deadline_ns);
 
+/* notice.c: 1 if this host's journal shows the notice (key, ETag)
+ * answered by a durable save before a restart; then, if its deadline
+ * leaves time, a last save just before it is scheduled (as for
+ * CKPT_AFTER_CONTINUE) and no new notice is raised. */
+int eng_watch_answered(struct eng_watch *w, int slot, const char *key,
+		       const char *etag, int64_t now_ns);
+
+/* watch_md.c: RFC 3339 to unix ns (fractions dropped), 0 if invalid. */
+int64_t eng_rfc3339_ns(const char *s);
 /* watch_md.c: the thread's body (arg: struct eng_watch *). */
 void *eng_watch_md_main(void *arg);
 

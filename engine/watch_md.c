@@ -167,7 +167,7 @@ static int token_ok(const char *s)
 
 /* RFC 3339 (2026-12-03T06:00:00Z, fraction and offset allowed) to unix
  * ns; 0 if it does not parse. */
-static int64_t rfc3339_ns(const char *s)
+int64_t eng_rfc3339_ns(const char *s)
 {
 	struct tm tm;
 	int n = 0, oh = 0, om = 0;
@@ -219,7 +219,7 @@ static int upcoming_parse(const char *body, int64_t *start)
 				v = json_object_get(doc,
 						    "latest_window_start_time");
 			if (json_is_string(v))
-				*start = rfc3339_ns(json_string_value(v));
+				*start = eng_rfc3339_ns(json_string_value(v));
 			r = 1;
 		}
 	}
@@ -264,6 +264,13 @@ static void accept_value(struct md *m, struct mdkey *k, const char *val)
 		snprintf(k->noticed, sizeof(k->noticed), "%s", val);
 		slot = W_UPCOMING;
 		deadline = start;
+	}
+	/* the first value a restarted process sees may be a notice it
+	 * already answered before the restart (notice.c) */
+	if (slot >= 0 && !old[0] &&
+	    eng_watch_answered(w, slot, ik->key, k->etag, now)) {
+		eng_watch_log_change(w, ik->key, old, val, k->etag, 0, now, 0);
+		return;
 	}
 	if (slot >= 0)
 		eng_watch_raise(w, slot, now, deadline, 1);

@@ -471,6 +471,88 @@ START_TEST(test_maintenance_event)
 }
 END_TEST
 
+static double save_s_of(const char *journal_text, uint64_t step)
+{
+	char pat[64];
+	const char *p, *q;
+
+	snprintf(pat, sizeof(pat), "\"step\":%llu,", (unsigned long long)step);
+	p = strstr(journal_text, pat);
+	ck_assert_ptr_nonnull(p);
+	q = strstr(p, "\"save_s\":");
+	ck_assert_ptr_nonnull(q);
+	return atof(q + 9);
+}
+
+/* A process restarted (ckptctl run) while the notice it answered is
+ * still up: no new notice at once (no save-stop-restart loop), one more
+ * save just before the deadline the journal recorded. */
+START_TEST(test_restart_answered)
+{
+	struct md_server s;
+	ckpt_watch_opts o;
+	ckpt_save_advice a, b;
+	ckpt *c;
+	char *j;
+	int64_t t;
+	double t0, save_s;
+
+	md_start(&s, NULL, NULL);
+	c = open_handle();
+	fast_opts(&o);
+	o.maintenance_window_ms = 3000;
+	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
+	md_wait_polls(&s, ME, 1);
+	md_set(&s, ME, "\"TERMINATE_ON_HOST_MAINTENANCE\"");
+	wait_advice(c, &a, 0);
+	save(c, 5, a.reason);
+	ck_assert_int_eq(ckpt_should_stop(c), 1);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	j = journal(g_root);
+	save_s = save_s_of(j, 5);
+	free(j);
+
+	/* the restarted process, same root */
+	{
+		ckpt_settings st;
+
+		ckpt_settings_default(&st);
+		st.staging_bytes = 1 << 20;
+		st.chunk_bytes = 64 << 10;
+		st.threads = 1;
+		st.files_per_host = 1;
+		ck_assert_int_eq(ckpt_open(&c, g_root, &st), 0);
+	}
+	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
+	t0 = now_s();
+	while (now_s() - t0 < PATIENCE_S && !ckpt_should_save(c, 6, &b))
+		usleep(500);
+	{
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	}
+	ck_assert_int_eq(b.reason, CKPT_REASON_MAINTENANCE);
+	/* the first process's deadline (the journal keeps whole seconds) */
+	ck_assert(b.deadline_ns <= a.deadline_ns &&
+		  a.deadline_ns - b.deadline_ns < 1000000000);
+	/* not before the last moment the earlier save's time leaves */
+	ck_assert(t >= b.deadline_ns - (int64_t)(save_s * 1.25e9) - 50000000);
+	save(c, 6, b.reason);
+	ck_assert_int_eq(ckpt_should_stop(c), 1);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	md_stop(&s);
+	j = journal(g_root);
+	ck_assert_msg(strstr(j, "\"old\":\"\",\"new\":\"TERMINATE_ON_HOST_"
+				"MAINTENANCE\",\"etag\":"),
+		      "%s", j);
+	ck_assert_msg(strstr(j, "\"action\":\"none\""), "%s", j);
+	ck_assert_msg(strstr(j, "\"resave\":true"), "%s", j);
+	free(j);
+}
+END_TEST
+
 START_TEST(test_preempted)
 {
 	struct md_server s;
@@ -919,6 +1001,7 @@ int main(void)
 	tc = tu_tcase("metadata", 120);
 	tcase_add_test(tc, test_maintenance_event);
 	tcase_add_test(tc, test_preempted);
+	tcase_add_test(tc, test_restart_answered);
 	tcase_add_test(tc, test_upcoming);
 	tcase_add_test(tc, test_absent_keys);
 	tcase_add_loop_test(tc, test_faults, 0,
