@@ -80,6 +80,8 @@ struct eng_watch {
 
 	pthread_mutex_t mu; /* guards info */
 	ckpt_watch_info info;
+
+	_Atomic(struct eng_pod *) pod; /* pod agreement (watch_pod.c) */
 };
 
 /* watch.c */
@@ -117,5 +119,20 @@ int eng_watch_answered(struct eng_watch *w, int slot, const char *key,
 int64_t eng_rfc3339_ns(const char *s);
 /* watch_md.c: the thread's body (arg: struct eng_watch *). */
 void *eng_watch_md_main(void *arg);
+
+/* watch_pod.c: pod-wide agreement through save-request objects. start:
+ * a thread if hosts > 1 and root or remote is gs:// (else nothing, 0);
+ * stop: joins it (ckpt_close). should_save: -1 no pod (notices are
+ * local), 0 not now (notices are the pod's), 1 the agreed step (advice
+ * filled); atomics only. save_started marks the target saved; kick wakes
+ * the thread (a local notice). */
+struct eng_pod;
+int eng_pod_start(struct eng_watch *w, const char *root, const char *remote,
+		  uint32_t host, uint32_t hosts);
+void eng_pod_stop(struct eng_watch *w);
+int eng_pod_should_save(struct eng_watch *w, uint64_t step,
+			ckpt_save_advice *a);
+void eng_pod_save_started(struct eng_watch *w, uint64_t step);
+void eng_pod_kick(struct eng_watch *w);
 
 #endif
