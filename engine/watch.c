@@ -321,8 +321,7 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o)
 	atomic_store(&w->last_save_mono, eng_mono_ns());
 	if (!(w->o.flags & CKPT_WATCH_NO_PROBE))
 		eng_plan_probe(c);
-	r = eng_pod_start(w, c->root, c->remote_url, c->s.host_index,
-			  c->s.host_count);
+	r = eng_pod_start(c, w);
 	if (r < 0) {
 		atomic_store(&w->started, 0);
 		return r;
@@ -476,7 +475,7 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			}
 		}
 	}
-	if (best < 0) {
+	if (best < 0 && pod < 0) { /* a pod's resave is a request */
 		int64_t at = atomic_load_explicit(&w->resave_at_ns,
 						  memory_order_acquire);
 
@@ -570,7 +569,6 @@ void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 	atomic_store(&w->last_save_mono, eng_mono_ns());
 	atomic_store(&w->last_save_step, step);
 	atomic_store(&w->have_step_base, 1);
-	eng_pod_save_started(w, step);
 	switch (reason) {
 	case CKPT_REASON_MAINTENANCE:
 		slot = W_MAINT;
@@ -588,6 +586,7 @@ void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 		break;
 	}
 	note_start(w, step, reason, slot);
+	eng_pod_save_started(w, step, &w->cur);
 	if (c->job)
 		eng_plan_save_started(c, c->job);
 	if (reason == CKPT_REASON_SIGTERM)

@@ -56,8 +56,9 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "events.h"
 #include "gcs.h"
-#include "internal.h"
+#include "save_internal.h"
 #include "watch_internal.h"
 
 #define POD_DIR "pod/"
@@ -77,9 +78,10 @@ struct pod_req {
 };
 
 struct eng_pod {
+	struct ckpt *c;
 	struct eng_watch *w;
 	struct gcs_client *gc;
-	char *bucket, *prefix, *root;
+	char *bucket, *prefix;
 	uint32_t host, hosts;
 	int64_t interval_ns, slack_ns;
 	int efd; /* wakes the thread: a notice, ckpt_close */
@@ -98,12 +100,17 @@ struct eng_pod {
 	atomic_llong deadline_ns, notice_ns;
 	atomic_ullong event;
 	atomic_ullong done; /* target whose save has started */
+	/* STOP policy: the target's save is durable; stop_now once no
+	 * later request came for 2 intervals + slack (eng_pod_hold_stop) */
+	atomic_ullong stop_step;
+	atomic_llong stop_ns;
 
 	/* the thread's own */
 	int listed;
 	uint64_t next;      /* request number to read next */
 	struct pod_req cur; /* the latest adopted (cur.n 0: none) */
 	uint64_t seen[W_NSLOTS], sig_seen; /* local notices handled */
+	int64_t resave_seen;               /* CONTINUE's resave_at_ns handled */
 	int64_t hold_since;                /* a notice waits for a step time */
 	uint64_t made, lost;
 };
@@ -162,12 +169,36 @@ int eng_pod_should_save(struct eng_watch *w, uint64_t step, ckpt_save_advice *a)
 	return 1;
 }
 
-void eng_pod_save_started(struct eng_watch *w, uint64_t step)
+void eng_pod_save_started(struct eng_watch *w, uint64_t step,
+			  struct eng_notice_save *n)
+{
+	struct eng_pod *p = atomic_load(&w->pod);
+	unsigned g;
+
+	if (!p || step != atomic_load(&p->target))
+		return;
+	atomic_store(&p->done, step);
+	if (n->notice)
+		return; /* it answers this host's own notice */
+	do {
+		g = atomic_load(&p->gen);
+		n->event = atomic_load(&p->event);
+		n->notice_ns = atomic_load(&p->notice_ns);
+		n->deadline_ns = atomic_load(&p->deadline_ns);
+	} while ((g & 1) || g != atomic_load(&p->gen));
+	n->notice = 1;
+}
+
+int eng_pod_hold_stop(struct eng_watch *w, uint64_t step)
 {
 	struct eng_pod *p = atomic_load(&w->pod);
 
-	if (p && step == atomic_load(&p->target))
-		atomic_store(&p->done, step);
+	if (!p || step != atomic_load(&p->done))
+		return 0;
+	atomic_store(&p->stop_ns, eng_mono_ns());
+	atomic_store(&p->stop_step, step);
+	eng_pod_kick(w);
+	return 1;
 }
 
 void eng_pod_kick(struct eng_watch *w)
@@ -182,25 +213,14 @@ void eng_pod_kick(struct eng_watch *w)
 
 /* ---- requests as JSON ------------------------------------------- */
 
-static void rfc3339(int64_t ns, char *out, size_t len)
-{
-	time_t t = (time_t)(ns / 1000000000);
-	struct tm tm;
-	size_t n;
-
-	gmtime_r(&t, &tm);
-	n = strftime(out, len, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(out + n, len - n, ".%03dZ", (int)(ns % 1000000000 / 1000000));
-}
-
 static char *req_encode(const struct pod_req *r)
 {
-	char notice[40], deadline[40];
+	char notice[32], deadline[32];
 	json_t *j;
 	char *s;
 
-	rfc3339(r->notice_ns, notice, sizeof(notice));
-	rfc3339(r->deadline_ns, deadline, sizeof(deadline));
+	eng_events_time(r->notice_ns, notice);
+	eng_events_time(r->deadline_ns, deadline);
 	j = json_pack("{s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:s?, s:I,"
 		      " s:I, s:i, s:I, s:I, s:I, s:s}",
 		      "request", (json_int_t)r->n, "target",
@@ -270,6 +290,42 @@ static char *req_name(const struct eng_pod *p, uint64_t n)
 }
 
 /* ---- the pod thread --------------------------------------------- */
+
+/* One journal line (SPEC.md "Event journal"): source "pod", the action,
+ * the request and, for a request this host created, what it carries. */
+static void pod_log(struct eng_pod *p, const char *action,
+		    const struct pod_req *r, int mine)
+{
+	json_t *o = json_object();
+	char t[32];
+
+	json_object_set_new(o, "source", json_string("pod"));
+	json_object_set_new(o, "action", json_string(action));
+	json_object_set_new(o, "request", json_integer((json_int_t)r->n));
+	json_object_set_new(o, "target", json_integer((json_int_t)r->target));
+	json_object_set_new(o, "from_host", json_integer(r->host));
+	json_object_set_new(o, "reason",
+			    json_string(ckpt_reason_name(r->reason)));
+	if (r->deadline_ns) {
+		eng_events_time(r->deadline_ns, t);
+		json_object_set_new(o, "deadline", json_string(t));
+	}
+	json_object_set_new(
+		o, "step",
+		json_integer((json_int_t)atomic_load(&p->last_step)));
+	if (mine) {
+		json_object_set_new(o, "key", json_string(r->key));
+		json_object_set_new(o, "new", json_string(r->value));
+		json_object_set_new(o, "why", json_string(r->why));
+		json_object_set_new(o, "step_s",
+				    json_real((double)r->step_ns / 1e9));
+		if (r->supersedes)
+			json_object_set_new(
+				o, "supersedes",
+				json_integer((json_int_t)r->supersedes));
+	}
+	eng_event_log(p->c, o);
+}
 
 static void pod_info(struct eng_pod *p, uint32_t state)
 {
@@ -348,14 +404,16 @@ static void pod_adopt(struct eng_pod *p, const struct pod_req *r)
 	p->cur = *r;
 }
 
-/* A request read (or just created): adopt it unless it is history. */
-static void pod_take(struct eng_pod *p, const struct pod_req *r)
+/* A request read (or just created by this host, `mine`): adopt it
+ * unless it is history. */
+static void pod_take(struct eng_pod *p, const struct pod_req *r, int mine)
 {
 	if (r->expires_ns && r->expires_ns < eng_unix_ns())
 		return;
 	if (r->target < atomic_load(&p->first_step))
 		return;
 	pod_adopt(p, r);
+	pod_log(p, mine ? "request" : "adopt", r, mine);
 }
 
 /* Reads requests p->next, p->next + 1, ... until one is absent. 0, or a
@@ -380,7 +438,7 @@ static int pod_read_new(struct eng_pod *p)
 			return rc;
 		/* a malformed request is skipped: numbers stay dense */
 		if (req_decode(doc, len, &r) == 0 && r.n == p->next)
-			pod_take(p, &r);
+			pod_take(p, &r, 0);
 		free(doc);
 		p->next++;
 	}
@@ -404,12 +462,13 @@ static int pod_publish(struct eng_pod *p, struct pod_req *r)
 	if (rc == 0) {
 		p->made++;
 		p->next++;
-		pod_take(p, r);
+		pod_take(p, r, 1);
 		return 1;
 	}
 	if (rc != GCS_E_PRECONDITION)
 		return rc;
 	p->lost++;
+	pod_log(p, "lost-race", r, 1);
 	rc = pod_read_new(p);
 	return rc < 0 ? rc : 0;
 }
@@ -449,7 +508,7 @@ static int64_t dl_key(int64_t deadline)
 /* The earliest-deadline local notice not handled yet, into r; 1 if any.
  * seqs receive the slot sequences to mark handled. */
 static int pod_local(struct eng_pod *p, struct pod_req *r,
-		     uint64_t seqs[W_NSLOTS], uint64_t *sig)
+		     uint64_t seqs[W_NSLOTS], uint64_t *sig, int64_t *resave)
 {
 	static const int reason[W_NSLOTS] = {
 		[W_MAINT] = CKPT_REASON_MAINTENANCE,
@@ -488,6 +547,16 @@ static int pod_local(struct eng_pod *p, struct pod_req *r,
 			r->notice_ns = t;
 			snprintf(r->key, sizeof(r->key), "SIGTERM");
 		}
+	}
+	/* CONTINUE: the save again just before the deadline (plan.c) */
+	*resave = atomic_load(&w->resave_at_ns);
+	if (*resave && *resave != p->resave_seen && eng_unix_ns() >= *resave &&
+	    best < 0) {
+		best = W_NSLOTS + 1;
+		r->reason = atomic_load(&w->resave_reason);
+		r->deadline_ns = atomic_load(&w->resave_deadline_ns);
+		r->notice_ns = atomic_load(&w->resave_notice_ns);
+		snprintf(r->key, sizeof(r->key), "resave");
 	}
 	if (best < 0)
 		return 0;
@@ -531,6 +600,7 @@ static int pod_missed(struct eng_pod *p)
 		target = pod_target(p, &sns);
 		if (!target)
 			return 0;
+		pod_log(p, "missed", &p->cur, 0);
 		r = p->cur;
 		pod_fill(p, &r, target, sns, p->cur.n, "missed");
 		rc = pod_publish(p, &r);
@@ -545,11 +615,12 @@ static int pod_missed(struct eng_pod *p)
 static int pod_notices(struct eng_pod *p)
 {
 	uint64_t seqs[W_NSLOTS], sig;
+	int64_t resave;
 	struct pod_req r;
 	int64_t sns;
 	int rc;
 
-	while (pod_local(p, &r, seqs, &sig)) {
+	while (pod_local(p, &r, seqs, &sig, &resave)) {
 		if (!pod_pending(p)) {
 			uint64_t target = pod_target(p, &sns);
 
@@ -564,9 +635,32 @@ static int pod_notices(struct eng_pod *p)
 		}
 		memcpy(p->seen, seqs, sizeof(p->seen));
 		p->sig_seen = sig;
+		if (resave && eng_unix_ns() >= resave)
+			p->resave_seen = resave;
 		p->hold_since = 0;
 	}
 	return 0;
+}
+
+/* STOP policy: the target's save is durable (eng_pod_hold_stop); once
+ * no later request came for 2 intervals + slack, the loop may stop. A
+ * later request disarms it: its own save arms it again. */
+static void pod_stop_check(struct eng_pod *p)
+{
+	uint64_t s = atomic_load(&p->stop_step);
+
+	if (!s)
+		return;
+	if (s != p->cur.target) {
+		atomic_store(&p->stop_step, 0);
+		return;
+	}
+	if (eng_mono_ns() - atomic_load(&p->stop_ns) <
+	    2 * p->interval_ns + p->slack_ns)
+		return;
+	atomic_store(&p->stop_step, 0);
+	pod_log(p, "stop", &p->cur, 0);
+	atomic_store_explicit(&p->w->stop_now, 1, memory_order_release);
 }
 
 static int pod_tick(struct eng_pod *p)
@@ -580,6 +674,8 @@ static int pod_tick(struct eng_pod *p)
 	if (rc || !atomic_load(&p->have_step))
 		return rc;
 	rc = pod_read_new(p);
+	if (!rc)
+		pod_stop_check(p);
 	if (!rc)
 		rc = pod_missed(p);
 	if (!rc)
@@ -631,34 +727,32 @@ static void pod_free(struct eng_pod *p)
 		close(p->efd);
 	free(p->bucket);
 	free(p->prefix);
-	free(p->root);
 	free(p);
 }
 
-int eng_pod_start(struct eng_watch *w, const char *root, const char *remote,
-		  uint32_t host, uint32_t hosts)
+int eng_pod_start(struct ckpt *c, struct eng_watch *w)
 {
-	const char *where = !strncmp(root, "gs://", 5) ? root : remote;
+	const char *where = c->remote_only ? c->root : c->remote_url;
 	struct gcs_config cfg = { 0 };
 	struct eng_pod *p;
 	int r;
 
-	if (hosts < 2 || !where || strncmp(where, "gs://", 5) ||
+	if (c->s.host_count < 2 || !where || strncmp(where, "gs://", 5) ||
 	    (w->o.flags & CKPT_WATCH_NO_POD))
 		return 0;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
+	p->c = c;
 	p->w = w;
-	p->host = host;
-	p->hosts = hosts;
+	p->host = c->s.host_index;
+	p->hosts = c->s.host_count;
 	p->interval_ns =
 		(int64_t)(w->o.pod_interval_ms ? w->o.pod_interval_ms : 1000) *
 		1000000;
 	p->slack_ns = (int64_t)w->o.pod_slack_ms * 1000000;
 	p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	p->root = strdup(root);
-	r = p->efd < 0 ? -errno : p->root ? 0 : -ENOMEM;
+	r = p->efd < 0 ? -errno : 0;
 	if (!r)
 		r = eng_loc_parse(where, &p->bucket, &p->prefix, NULL);
 	if (r >= 0) {

@@ -212,6 +212,58 @@ static int pod_save(ckpt *c, uint32_t h, uint64_t step,
 		_exit(1);                                              \
 	} while (0)
 
+/* What a host's journal says of step `step`: bit 0 a pod line
+ * (request or adopt) with that target, bit 1 its save, bit 2 the stop. */
+struct jscan {
+	uint64_t step;
+	unsigned seen;
+	char missed[64]; /* "missed" line: "request:target" */
+};
+
+static int jscan_line(void *arg, uint32_t host, const char *line)
+{
+	struct jscan *j = arg;
+	json_t *o = json_loads(line, 0, NULL);
+	const char *src = json_string_value(json_object_get(o, "source"));
+	const char *act = json_string_value(json_object_get(o, "action"));
+	uint64_t tgt =
+		(uint64_t)json_integer_value(json_object_get(o, "target"));
+	uint64_t st = (uint64_t)json_integer_value(json_object_get(o, "step"));
+
+	(void)host;
+	if (src && act && !strcmp(src, "pod")) {
+		if ((!strcmp(act, "request") || !strcmp(act, "adopt")) &&
+		    tgt == j->step)
+			j->seen |= 1;
+		if (!strcmp(act, "stop") && tgt == j->step)
+			j->seen |= 4;
+		if (!strcmp(act, "missed"))
+			snprintf(j->missed, sizeof(j->missed), "%lld:%llu",
+				 (long long)json_integer_value(
+					 json_object_get(o, "request")),
+				 (unsigned long long)tgt);
+	} else if (act && !strcmp(act, "save") && st == j->step) {
+		j->seen |= 2;
+	}
+	json_decref(o);
+	return 0;
+}
+
+static int dump_line(void *arg, uint32_t host, const char *line)
+{
+	fprintf(stderr, "  h%u %s: %s\n", host, (const char *)arg, line);
+	return 0;
+}
+
+static unsigned journal_scan(const char *dir, uint64_t step, struct jscan *j)
+{
+	memset(j, 0, sizeof(*j));
+	j->step = step;
+	if (ckpt_events_read(dir, jscan_line, j) < 0)
+		return 0;
+	return j->seen;
+}
+
 /* Lockstep: step s starts once every running host has asked step s-1. */
 static int wait_pod(struct shared *sh, uint32_t h, uint64_t s, double t0)
 {
@@ -249,7 +301,8 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 	for (step = 1;; step++) {
 		ckpt_save_advice a;
 
-		if (now_s() - t0 > PATIENCE_S)
+		if (now_s() - t0 > PATIENCE_S &&
+		    !ckpt_events_read(dir, dump_line, (void *)pc->run))
 			HFAIL("no committed pod step after %.0f s (step %" PRIu64
 			      ", saved %" PRIu64 ")",
 			      PATIENCE_S, step, pending);
@@ -285,8 +338,24 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 				break;
 		}
 	}
+	/* the STOP policy: should_stop once no later request came */
+	while (!ckpt_should_stop(c)) {
+		if (now_s() - t0 > PATIENCE_S)
+			HFAIL("step %" PRIu64 " committed, never told to stop",
+			      pending);
+		usleep(1000);
+	}
 	if (ckpt_watch_state(c, &info) < 0)
 		HFAIL("watch_state: %s", ckpt_errmsg(c));
+	{
+		struct jscan j;
+		unsigned seen = journal_scan(dir, pending, &j);
+
+		if (seen != 7)
+			HFAIL("journal of step %" PRIu64 ": %s%s%s missing",
+			      pending, seen & 1 ? "" : "pod request/adopt ",
+			      seen & 2 ? "" : "save ", seen & 4 ? "" : "stop");
+	}
 	atomic_store(&sh->made[h], info.pod_requests_made);
 	atomic_store(&sh->lost[h], info.pod_requests_lost);
 	atomic_store(&sh->final[h], pending);
@@ -364,6 +433,7 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 	struct pm loud, quiet;
 	struct bucket_view v;
 	pid_t pid[HOSTS];
+	int st[HOSTS];
 	uint64_t made = 0, lost = 0;
 	double t0;
 	uint32_t h;
@@ -404,22 +474,21 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 		usleep(5000);
 	}
 	pm_announce(&loud);
-	for (h = 0; h < HOSTS; h++) {
-		int st = 0;
-
-		ck_assert_int_eq(waitpid(pid[h], &st, 0), pid[h]);
-		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-			      "host %u: status 0x%x: %s", h, st, sh->why[h]);
-	}
+	for (h = 0; h < HOSTS; h++)
+		ck_assert_int_eq(waitpid(pid[h], &st[h], 0), pid[h]);
 	for (h = 0; h < HOSTS; h++) {
 		unsigned k, n = atomic_load(&sh->nsaved[h]);
 
 		printf("%s: host %u saved", pc->run, h);
 		for (k = 0; k < n && k < MAXSAVES; k++)
 			printf(" %llu", (unsigned long long)sh->saved[h][k]);
-		printf("; made %llu, lost %llu requests\n",
+		printf("; made %llu, lost %llu requests; %s\n",
 		       (unsigned long long)sh->made[h],
-		       (unsigned long long)sh->lost[h]);
+		       (unsigned long long)sh->lost[h], sh->why[h]);
+	}
+	for (h = 0; h < HOSTS; h++) {
+		ck_assert_msg(WIFEXITED(st[h]) && WEXITSTATUS(st[h]) == 0,
+			      "host %u: status 0x%x: %s", h, st[h], sh->why[h]);
 		ck_assert_uint_ne(sh->final[h], 0);
 		ck_assert_msg(sh->final[h] == sh->final[0],
 			      "host %u ended on step %llu, host 0 on %llu", h,
@@ -585,6 +654,22 @@ START_TEST(pod_missed_target)
 			 "missed");
 	ck_assert_str_eq(json_string_value(json_object_get(v.last, "reason")),
 			 "requested");
+	/* the journals say so: host 1 missed request 1, both saved t2 */
+	{
+		struct jscan j;
+		char want[64];
+
+		snprintf(want, sizeof(want), "1:%" PRIu64, t1);
+		ck_assert_uint_eq(journal_scan(dir1, t2, &j) & 3, 3);
+		ck_assert_str_eq(j.missed, want);
+		ck_assert_uint_eq(journal_scan(dir0, t2, &j) & 3, 3);
+		ck_assert_str_eq(j.missed, "");
+	}
+	/* the STOP policy: both are told to stop once no later request
+	 * came (no deadline on this: the pod thread decides) */
+	for (t0 = now_s(); !ckpt_should_stop(a) || !ckpt_should_stop(b);
+	     usleep(1000))
+		ck_assert_msg(now_s() - t0 < PATIENCE_S, "never told to stop");
 	printf("missed: request 1 target %" PRIu64 ", request 2 target %" PRIu64
 	       "\n",
 	       t1, t2);
