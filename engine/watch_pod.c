@@ -113,6 +113,10 @@ struct eng_pod {
 	int64_t resave_seen;               /* CONTINUE's resave_at_ns handled */
 	int64_t hold_since;                /* a notice waits for a step time */
 	uint64_t made, lost;
+	/* journal lines of this tick, written after its agreement work so
+	 * a slow journal (fsync, upload) delays no request */
+	json_t *logq[8];
+	unsigned nlog;
 };
 
 /* ---- the training thread ---------------------------------------- */
@@ -291,6 +295,15 @@ static char *req_name(const struct eng_pod *p, uint64_t n)
 
 /* ---- the pod thread --------------------------------------------- */
 
+static void pod_log_flush(struct eng_pod *p)
+{
+	unsigned i;
+
+	for (i = 0; i < p->nlog; i++)
+		eng_event_log(p->c, p->logq[i]);
+	p->nlog = 0;
+}
+
 /* One journal line (SPEC.md "Event journal"): source "pod", the action,
  * the request and, for a request this host created, what it carries. */
 static void pod_log(struct eng_pod *p, const char *action,
@@ -324,7 +337,9 @@ static void pod_log(struct eng_pod *p, const char *action,
 				o, "supersedes",
 				json_integer((json_int_t)r->supersedes));
 	}
-	eng_event_log(p->c, o);
+	if (p->nlog == sizeof(p->logq) / sizeof(p->logq[0]))
+		pod_log_flush(p);
+	p->logq[p->nlog++] = o;
 }
 
 static void pod_info(struct eng_pod *p, uint32_t state)
@@ -416,30 +431,39 @@ static void pod_take(struct eng_pod *p, const struct pod_req *r, int mine)
 	pod_log(p, mine ? "request" : "adopt", r, mine);
 }
 
-/* Reads requests p->next, p->next + 1, ... until one is absent. 0, or a
- * negative code (the client's message in p->gc). */
+/* Request n into *r: 0, -ENOENT if absent, 1 if malformed (skipped:
+ * numbers stay dense), or another negative code (message in p->gc). */
+static int pod_fetch(struct eng_pod *p, uint64_t n, struct pod_req *r)
+{
+	char *name = req_name(p, n);
+	void *doc = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (!name)
+		return -ENOMEM;
+	rc = gcs_get(p->gc, p->bucket, name, POD_MAX_DOC, &doc, &len, NULL);
+	free(name);
+	if (rc == 0 && (req_decode(doc, len, r) < 0 || r->n != n))
+		rc = 1;
+	free(doc);
+	return rc;
+}
+
+/* Reads requests p->next, p->next + 1, ... until one is absent. 0 or a
+ * negative code. */
 static int pod_read_new(struct eng_pod *p)
 {
 	for (;;) {
-		char *name = req_name(p, p->next);
 		struct pod_req r;
-		void *doc = NULL;
-		size_t len = 0;
-		int rc;
+		int rc = pod_fetch(p, p->next, &r);
 
-		if (!name)
-			return -ENOMEM;
-		rc = gcs_get(p->gc, p->bucket, name, POD_MAX_DOC, &doc, &len,
-			     NULL);
-		free(name);
 		if (rc == -ENOENT)
 			return 0;
 		if (rc < 0)
 			return rc;
-		/* a malformed request is skipped: numbers stay dense */
-		if (req_decode(doc, len, &r) == 0 && r.n == p->next)
+		if (rc == 0)
 			pod_take(p, &r, 0);
-		free(doc);
 		p->next++;
 	}
 }
@@ -448,10 +472,12 @@ static int pod_read_new(struct eng_pod *p)
  * was there first (read and taken), or a negative code. */
 static int pod_publish(struct eng_pod *p, struct pod_req *r)
 {
+	struct pod_req other;
 	char *name, *doc;
 	int rc;
 
 	r->n = p->next;
+	p->hold_since = 0;
 	doc = req_encode(r);
 	name = req_name(p, r->n);
 	rc = doc && name ? gcs_put(p->gc, p->bucket, name, doc, strlen(doc),
@@ -459,6 +485,19 @@ static int pod_publish(struct eng_pod *p, struct pod_req *r)
 			   -ENOMEM;
 	free(name);
 	free(doc);
+	if (rc == GCS_E_PRECONDITION) {
+		/* 412: another host's, or ours from an attempt whose reply
+		 * was lost (the client retried) */
+		rc = pod_fetch(p, r->n, &other);
+		if (rc < 0)
+			return rc;
+		if (rc == 0 && other.host == r->host &&
+		    other.target == r->target &&
+		    other.notice_ns == r->notice_ns)
+			rc = 0;
+		else
+			rc = GCS_E_PRECONDITION;
+	}
 	if (rc == 0) {
 		p->made++;
 		p->next++;
@@ -660,6 +699,8 @@ static void pod_stop_check(struct eng_pod *p)
 		return;
 	atomic_store(&p->stop_step, 0);
 	pod_log(p, "stop", &p->cur, 0);
+	pod_log_flush(p); /* journaled before the loop is told */
+	eng_events_drain(p->c);
 	atomic_store_explicit(&p->w->stop_now, 1, memory_order_release);
 }
 
@@ -694,6 +735,8 @@ static void *pod_main(void *arg)
 		int64_t wait = p->interval_ns;
 		uint64_t junk;
 		int rc = pod_tick(p);
+
+		pod_log_flush(p);
 
 		if (rc < 0) {
 			/* back off: interval doubling, at most 32 intervals,

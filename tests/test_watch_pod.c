@@ -135,7 +135,7 @@ struct shared {
 	atomic_ullong saved[HOSTS][MAXSAVES];
 	atomic_ullong final[HOSTS]; /* the committed step it ended on */
 	atomic_ullong made[HOSTS], lost[HOSTS];
-	char why[HOSTS][256];
+	char why[HOSTS][512];
 };
 
 struct pod_case {
@@ -301,11 +301,18 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 	for (step = 1;; step++) {
 		ckpt_save_advice a;
 
-		if (now_s() - t0 > PATIENCE_S &&
-		    !ckpt_events_read(dir, dump_line, (void *)pc->run))
+		if (now_s() - t0 > PATIENCE_S) {
+			ckpt_upload_status us;
+
+			memset(&us, 0, sizeof(us));
+			ckpt_upload_status_get(c, &us);
+			ckpt_events_read(dir, dump_line, (void *)pc->run);
 			HFAIL("no committed pod step after %.0f s (step %" PRIu64
-			      ", saved %" PRIu64 ")",
-			      PATIENCE_S, step, pending);
+			      ", saved %" PRIu64 "; upload of step %" PRIu64
+			      ": state %d, %s)",
+			      PATIENCE_S, step, pending, us.step, us.state,
+			      us.msg);
+		}
 		if (pc->lockstep && wait_pod(sh, h, step, t0) < 0)
 			HFAIL("lockstep: the pod stopped at step %" PRIu64,
 			      step);
