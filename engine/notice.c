@@ -309,6 +309,6 @@ void eng_watch_save_log(struct ckpt *c)
 		set_time(o, "resave_at", atomic_load(&w->resave_at_ns));
 	eng_event_log(c, o);
 	eng_events_drain(c); /* the lines are written before "stop" */
-	if (policy == CKPT_AFTER_STOP)
+	if (policy == CKPT_AFTER_STOP && !eng_pod_hold_stop(w, n.step))
 		atomic_store_explicit(&w->stop_now, 1, memory_order_release);
 }

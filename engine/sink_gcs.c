@@ -18,14 +18,14 @@
  *   writer: begin --> headers (job->hdrs) queued first, then
  *           put(b) --> queue --> upload thread: gcs_upload_append(b->p)
  *                                      --> 308 confirms --> release(b)
- *   writer: finish (local files durable) --> handover, below
+ *   writer: publish (local index durable) --> handover, below
  *   upload thread, background: per file resume (status query) and the
  *           rest pread from the local shard file --> finish with crc32c
  *           --> host index (create-only) --> COMMIT in the bucket
  *
  * Local first: at finish() the local sink has made every byte durable.
  * The sink may not hold staging buffers past the save (they belong to the
- * next one), so the writer's finish hands over: every upload gives its
+ * next one), so the writer's publish hands over: every upload gives its
  * staged buffers back (gcs_upload_free releases the unconfirmed ones) and
  * keeps its session URI; the upload thread then resumes each session
  * where the server says it stopped and reads the rest from the local file.
@@ -469,7 +469,8 @@ static int gs_finish(eng_sink *es, eng_job *job)
 
 	if (s->direct)
 		return direct_cmd(s, job, CMD_FINISH, NULL, 0);
-	handover(s, job, 1);
+	/* handover at publish: the local index must exist before the
+	 * upload thread, done with the shards, reads it back */
 	return 0;
 }
 
@@ -482,7 +483,9 @@ static int gs_publish(eng_sink *es, eng_job *job, const char *name,
 	if (s->direct)
 		return direct_cmd(s, job, CMD_PUBLISH, buf, len);
 	/* with a local copy the index object is read back from the local
-	 * file once every shard object is there (also after a restart) */
+	 * file once every shard object is there (also after a restart);
+	 * the local sink, sink 0, has just published it */
+	handover(s, job, 1);
 	return 0;
 }
 

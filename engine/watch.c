@@ -189,6 +189,8 @@ CKPT_API void ckpt_watch_opts_default(ckpt_watch_opts *o)
 	o->maintenance_window_ms = 60000;
 	o->preempted_window_ms = 30000;
 	o->sigterm_window_ms = 300000;
+	o->pod_interval_ms = 1000;
+	o->pod_slack_ms = 2000;
 }
 
 static int check_opts(const ckpt_watch_opts *o)
@@ -208,11 +210,12 @@ static int check_opts(const ckpt_watch_opts *o)
 		return eng_err(NULL, -EINVAL,
 			       "watch opts.after_save: unknown policy %d",
 			       (int)o->after_save);
-	if (o->flags & ~(CKPT_WATCH_NO_METADATA | CKPT_WATCH_NO_PROBE))
-		return eng_err(NULL, -EINVAL,
-			       "watch opts.flags: unknown bits 0x%x",
-			       o->flags & ~(CKPT_WATCH_NO_METADATA |
-					    CKPT_WATCH_NO_PROBE));
+	if (o->flags &
+	    ~(CKPT_WATCH_NO_METADATA | CKPT_WATCH_NO_PROBE | CKPT_WATCH_NO_POD))
+		return eng_err(
+			NULL, -EINVAL, "watch opts.flags: unknown bits 0x%x",
+			o->flags & ~(CKPT_WATCH_NO_METADATA |
+				     CKPT_WATCH_NO_PROBE | CKPT_WATCH_NO_POD));
 	if (!o->time_scale || !o->timeout_sec || !o->upcoming_interval_ms ||
 	    !o->backoff_min_ms || o->backoff_max_ms < o->backoff_min_ms)
 		return eng_err(NULL, -EINVAL,
@@ -283,6 +286,7 @@ void eng_watch_close(struct ckpt *c)
 		efd_kick(w->wake_efd);
 		pthread_join(w->thr, NULL);
 	}
+	eng_pod_stop(w);
 	close(w->notify_efd);
 	close(w->wake_efd);
 	pthread_mutex_destroy(&w->mu);
@@ -317,6 +321,11 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o)
 	atomic_store(&w->last_save_mono, eng_mono_ns());
 	if (!(w->o.flags & CKPT_WATCH_NO_PROBE))
 		eng_plan_probe(c);
+	r = eng_pod_start(c, w);
+	if (r < 0) {
+		atomic_store(&w->started, 0);
+		return r;
+	}
 	if (w->o.flags & CKPT_WATCH_NO_METADATA)
 		return 0;
 	pthread_mutex_lock(&w->mu);
@@ -363,6 +372,7 @@ void eng_watch_raise(struct eng_watch *w, int slot, int64_t notice_ns,
 	atomic_store(&s->event, ev);
 	atomic_fetch_add_explicit(&s->seq, 1, memory_order_release);
 	efd_kick(w->notify_efd);
+	eng_pod_kick(w);
 	if (callback && w->o.on_notice) {
 		ckpt_save_advice a;
 
@@ -418,7 +428,7 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 		[W_REQUESTED] = CKPT_REASON_REQUESTED,
 	};
 	struct eng_watch *w = c ? c->watch : NULL;
-	int best = -1, i;
+	int best = -1, i, pod;
 	int64_t best_dl = 0, best_notice = 0, period;
 	uint64_t best_ev = 0, es, base;
 	unsigned secs;
@@ -426,7 +436,11 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 	fill_advice(advice, CKPT_REASON_UNSPECIFIED, 0, 0, 0);
 	if (!w)
 		return 0;
-	for (i = 0; i < W_NSLOTS; i++) {
+	/* on a pod, notices become save requests (watch_pod.c) */
+	pod = eng_pod_should_save(w, step, advice);
+	if (pod > 0)
+		return 1;
+	for (i = 0; pod < 0 && i < W_NSLOTS; i++) {
 		struct eng_notice_slot *s = &w->slot[i];
 		uint64_t seq =
 			atomic_load_explicit(&s->seq, memory_order_acquire);
@@ -443,7 +457,8 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			best_ev = atomic_load(&s->event);
 		}
 	}
-	if (atomic_load_explicit(&w->sigterm_opted, memory_order_relaxed)) {
+	if (pod < 0 &&
+	    atomic_load_explicit(&w->sigterm_opted, memory_order_relaxed)) {
 		uint64_t seq = atomic_load(&g_sig_seq);
 
 		if (seq != atomic_load(&w->sig_acked)) {
@@ -460,7 +475,7 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			}
 		}
 	}
-	if (best < 0) {
+	if (best < 0 && pod < 0) { /* a pod's resave is a request */
 		int64_t at = atomic_load_explicit(&w->resave_at_ns,
 						  memory_order_acquire);
 
@@ -571,6 +586,7 @@ void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 		break;
 	}
 	note_start(w, step, reason, slot);
+	eng_pod_save_started(w, step, &w->cur);
 	if (c->job)
 		eng_plan_save_started(c, c->job);
 	if (reason == CKPT_REASON_SIGTERM)

@@ -80,6 +80,8 @@ struct eng_watch {
 
 	pthread_mutex_t mu; /* guards info */
 	ckpt_watch_info info;
+
+	_Atomic(struct eng_pod *) pod; /* pod agreement (watch_pod.c) */
 };
 
 /* watch.c */
@@ -117,5 +119,25 @@ int eng_watch_answered(struct eng_watch *w, int slot, const char *key,
 int64_t eng_rfc3339_ns(const char *s);
 /* watch_md.c: the thread's body (arg: struct eng_watch *). */
 void *eng_watch_md_main(void *arg);
+
+/* watch_pod.c: pod-wide agreement through save-request objects. start:
+ * a thread if host_count > 1 and the root or remote is gs:// (else
+ * nothing, 0); stop: joins it (ckpt_close). should_save: -1 no pod
+ * (notices are local), 0 not now (notices are the pod's), 1 the agreed
+ * step (advice filled); atomics only. save_started (under the handle's
+ * mu): a save of the target marks it saved and, unless n already answers
+ * a local notice, makes n answer the pod's. hold_stop (the STOP policy,
+ * the save durable): 1 if the pod sets stop_now itself, once no later
+ * request came for 2 intervals + slack. kick wakes the thread. */
+struct eng_pod;
+struct ckpt;
+int eng_pod_start(struct ckpt *c, struct eng_watch *w);
+void eng_pod_stop(struct eng_watch *w);
+int eng_pod_should_save(struct eng_watch *w, uint64_t step,
+			ckpt_save_advice *a);
+void eng_pod_save_started(struct eng_watch *w, uint64_t step,
+			  struct eng_notice_save *n);
+int eng_pod_hold_stop(struct eng_watch *w, uint64_t step);
+void eng_pod_kick(struct eng_watch *w);
 
 #endif

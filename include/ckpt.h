@@ -805,6 +805,8 @@ enum ckpt_after_save {
                                             codecs at start (see
                                             ckpt_plan); saves still
                                             measure them */
+#define CKPT_WATCH_NO_POD (1u << 2)      /* no pod-wide agreement: each
+                                            host saves on its own notices */
 
 /* Called on the watcher thread (or, for SIGTERM, on the watcher thread
  * once it has seen the signal; never in the signal handler) once per new
@@ -851,7 +853,15 @@ typedef struct ckpt_watch_opts {
 	 * (enum ckpt_after_save). Default CKPT_AFTER_STOP. */
 	int32_t after_save;
 	uint32_t reserved32;      /* must be zero */
-	uint64_t reserved[7];     /* must be zero */
+	/* Pod agreement (host_count > 1 and a gs:// location or remote,
+	 * unless CKPT_WATCH_NO_POD; SPEC.md "Pod save requests"): every
+	 * pod_interval_ms (default 1000; 0 = default) each host reads the
+	 * next save-request object; a request's target step leaves
+	 * 2 * pod_interval_ms + pod_slack_ms (default 2000) of this host's
+	 * measured step time for every host to see it. */
+	uint32_t pod_interval_ms;
+	uint32_t pod_slack_ms;
+	uint64_t reserved[6];     /* must be zero */
 } ckpt_watch_opts;
 
 /* Fills *o with the defaults above. */
@@ -870,7 +880,7 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o);
 /* What ckpt_should_save() advises. */
 typedef struct ckpt_save_advice {
 	int32_t reason;      /* enum ckpt_save_reason; UNSPECIFIED if not */
-	uint32_t flags;      /* none defined yet */
+	uint32_t flags;      /* CKPT_ADVICE_* */
 	int64_t deadline_ns; /* unix ns by which the save should be durable,
 	                        0 = none (periodic). Notice seen + the
 	                        window (maintenance, preempted, SIGTERM);
@@ -880,6 +890,11 @@ typedef struct ckpt_save_advice {
 	uint64_t reserved[4];
 } ckpt_save_advice;
 
+/* ckpt_save_advice.flags: the save is the pod's agreed step (a save
+ * request, SPEC.md "Pod save requests"); reason and deadline are the
+ * notice's that raised the request, on whichever host saw it. */
+#define CKPT_ADVICE_POD (1u << 0)
+
 /*
  * One cheap call per training step (atomics and the vDSO clock only: no
  * lock, no system call). Returns 1 when a save is due, with the reason
@@ -888,6 +903,12 @@ typedef struct ckpt_save_advice {
  * deadline is given; a notice beats the periodic policy. A notice keeps
  * being reported until a save with its reason (ckpt_save_ex, opts.reason)
  * starts; any save that starts resets the periodic timer and step count.
+ *
+ * On a pod (see ckpt_watch_opts.pod_interval_ms) a notice is not answered
+ * at once: the host that sees it publishes a save request, and every
+ * host answers 1 (CKPT_ADVICE_POD) at exactly the request's target step,
+ * never before. Ask at every step then: a host that finds the target
+ * already passed publishes a later one, and all hosts save that step.
  */
 CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			      ckpt_save_advice *advice);
@@ -948,7 +969,16 @@ typedef struct ckpt_watch_info {
 	uint64_t notices;    /* notices raised so far */
 	uint64_t degraded;   /* times the watcher went healthy -> degraded */
 	char host[128];      /* the server asked (host[:port]) */
-	uint64_t reserved[6];
+	/* Pod agreement: pod_state 0 off, 1 starting (reading the bucket),
+	 * 2 ready, 3 failing (retrying with backoff); the
+	 * current request's number and target step (0: none); requests
+	 * this host created, and lost to another host's (create-only). */
+	uint32_t pod_state;
+	uint32_t pod_requests_lost;
+	uint64_t pod_request;
+	uint64_t pod_target;
+	uint64_t pod_requests_made;
+	uint64_t reserved[2];
 	ckpt_watch_key keys[CKPT_WATCH_MAX_KEYS];
 } ckpt_watch_info;
 
