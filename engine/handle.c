@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "events.h"
 #include "save_internal.h"
 
 CKPT_API void ckpt_settings_default(ckpt_settings *s)
@@ -192,6 +193,7 @@ static void handle_release(struct ckpt *c, int in_child)
 	free(c->bufs);
 	free(c->workers);
 	free(c->root);
+	free(c->remote_url);
 }
 
 static void handle_free(struct ckpt *c)
@@ -213,6 +215,8 @@ static void handle_free(struct ckpt *c)
 		pthread_join(c->writer, NULL);
 	for (i = 0; i < c->nsinks; i++)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
+	if (c->remote_url) /* journal lines the rate limit held back */
+		eng_events_flush();
 	handle_release(c, 0);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->slot_cv);
@@ -258,6 +262,10 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	/* the upload sink keeps its own copy (sink_gcs.c) */
 	remote = c->s.remote;
 	c->s.remote = NULL;
+	if (remote && !(c->remote_url = strdup(remote))) {
+		r = eng_err(NULL, -ENOMEM, "out of memory");
+		goto fail;
+	}
 	c->nworkers = c->s.threads ? c->s.threads : eng_ncpus();
 	c->root = strdup(dir);
 	if (!c->root) {

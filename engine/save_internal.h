@@ -235,6 +235,9 @@ struct ckpt {
 		bytes_stored;
 
 	struct eng_watch *watch; /* when to save (watch.c) */
+	char *remote_url;        /* settings.remote: the event journal's
+	                            upload (events.c) */
+	atomic_int remote_noted; /* DIR/events/remote written */
 };
 
 /* watch.c: the handle's save policy and metadata watcher. open allocates
@@ -243,6 +246,12 @@ struct ckpt {
 int eng_watch_open(struct ckpt *c);
 void eng_watch_close(struct ckpt *c);
 void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason);
+/* writer.c, when a save has finished (status 0: durable, committed unless
+ * manual commit): save_done under mu, then save_log without it (the
+ * journal lines; ckpt_should_stop() turns true there), both before the
+ * handle stops being busy, so before ckpt_wait() returns. */
+void eng_watch_save_done(struct ckpt *c, eng_job *job);
+void eng_watch_save_log(struct ckpt *c);
 
 /* io_uring registers at most 1 GiB per iovec: buffers are registered in
  * pieces of this size (eng_buf.fixed is the piece index). */

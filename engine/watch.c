@@ -33,6 +33,8 @@
 
 /* The flag replaces no field: the settings keep their size. */
 _Static_assert(sizeof(ckpt_settings) == 120, "ckpt_settings changed size");
+/* after_save took the place of reserved members: the size is ABI. */
+_Static_assert(sizeof(ckpt_watch_opts) == 136, "ckpt_watch_opts changed size");
 
 #define SIG_FDS 64 /* descriptors of opted-in handles (2 per handle) */
 
@@ -197,6 +199,14 @@ static int check_opts(const ckpt_watch_opts *o)
 			return eng_err(NULL, -EINVAL,
 				       "watch opts.reserved[%zu] must be zero",
 				       i);
+	if (o->reserved32)
+		return eng_err(NULL, -EINVAL,
+			       "watch opts.reserved32 must be zero");
+	if (o->after_save != CKPT_AFTER_STOP &&
+	    o->after_save != CKPT_AFTER_CONTINUE)
+		return eng_err(NULL, -EINVAL,
+			       "watch opts.after_save: unknown policy %d",
+			       (int)o->after_save);
 	if (o->flags & ~CKPT_WATCH_NO_METADATA)
 		return eng_err(NULL, -EINVAL,
 			       "watch opts.flags: unknown bits 0x%x",
@@ -300,6 +310,7 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o)
 	atomic_store(&w->every_seconds, w->o.every_seconds);
 	atomic_store(&w->time_scale, w->o.time_scale);
 	atomic_store(&w->sigterm_window_ms, w->o.sigterm_window_ms);
+	atomic_store(&w->after_save, w->o.after_save);
 	atomic_store(&w->last_save_mono, eng_mono_ns());
 	if (w->o.flags & CKPT_WATCH_NO_METADATA)
 		return 0;
@@ -442,6 +453,17 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			}
 		}
 	}
+	if (best < 0) {
+		int64_t at = atomic_load_explicit(&w->resave_at_ns,
+						  memory_order_acquire);
+
+		if (at && eng_unix_ns() >= at) {
+			best = atomic_load(&w->resave_reason);
+			best_dl = atomic_load(&w->resave_deadline_ns);
+			best_notice = atomic_load(&w->resave_notice_ns);
+			best_ev = atomic_load(&w->resave_event);
+		}
+	}
 	if (best >= 0) {
 		fill_advice(advice, best, best_dl, best_notice, best_ev);
 		return 1;
@@ -476,6 +498,45 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 	return 0;
 }
 
+/* Which save answers which notice: remembered while it runs (under the
+ * handle's mu). The CONTINUE save before the deadline counts as one. */
+static void note_start(struct eng_watch *w, uint64_t step, int32_t reason,
+		       int slot)
+{
+	struct eng_notice_save *n = &w->cur;
+	int pending = 0;
+
+	memset(n, 0, sizeof(*n));
+	n->step = step;
+	n->reason = reason;
+	n->start_ns = eng_unix_ns();
+	if (slot >= 0 && atomic_load(&w->slot[slot].seq) !=
+				 atomic_load(&w->slot[slot].acked)) {
+		pending = 1;
+		n->event = atomic_load(&w->slot[slot].event);
+		n->notice_ns = atomic_load(&w->slot[slot].notice_ns);
+		n->deadline_ns = atomic_load(&w->slot[slot].deadline_ns);
+	} else if (reason == CKPT_REASON_SIGTERM &&
+		   atomic_load(&w->sigterm_opted) &&
+		   atomic_load(&g_sig_seq) != atomic_load(&w->sig_acked)) {
+		pending = 1;
+		n->event = atomic_load(&g_sig_seq);
+		n->notice_ns = atomic_load(&g_sig_ns);
+		n->deadline_ns =
+			n->notice_ns +
+			(int64_t)atomic_load(&w->sigterm_window_ms) * 1000000;
+	} else if (atomic_load(&w->resave_at_ns) &&
+		   reason == atomic_load(&w->resave_reason)) {
+		pending = 1;
+		n->resave = 1;
+		n->event = atomic_load(&w->resave_event);
+		n->notice_ns = atomic_load(&w->resave_notice_ns);
+		n->deadline_ns = atomic_load(&w->resave_deadline_ns);
+		atomic_store(&w->resave_at_ns, 0);
+	}
+	n->notice = pending;
+}
+
 void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 {
 	struct eng_watch *w = c->watch;
@@ -500,9 +561,11 @@ void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 		slot = W_REQUESTED;
 		break;
 	case CKPT_REASON_SIGTERM:
-		atomic_store(&w->sig_acked, atomic_load(&g_sig_seq));
 		break;
 	}
+	note_start(w, step, reason, slot);
+	if (reason == CKPT_REASON_SIGTERM)
+		atomic_store(&w->sig_acked, atomic_load(&g_sig_seq));
 	if (slot >= 0)
 		atomic_store(&w->slot[slot].acked,
 			     atomic_load(&w->slot[slot].seq));

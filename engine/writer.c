@@ -410,6 +410,12 @@ static void run_job(struct ckpt *c, eng_job *job)
 			snprintf(s->msg, sizeof(s->msg), "%.*s",
 				 (int)sizeof(s->msg) - 1, job->msg);
 	}
+	eng_watch_save_done(c, job);
+	pthread_mutex_unlock(&c->mu);
+	/* the journal line before ckpt_wait() returns and before
+	 * ckpt_should_stop() says stop (plan.c) */
+	eng_watch_save_log(c);
+	pthread_mutex_lock(&c->mu);
 	c->busy = 0;
 	pthread_cond_broadcast(&c->done_cv);
 	pthread_mutex_unlock(&c->mu);

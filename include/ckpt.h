@@ -747,6 +747,23 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
  * reads atomics only.
  */
 
+/* Exit status a training program uses when it stopped on purpose after a
+ * durable checkpoint forced by a notice (EX_TEMPFAIL): "restart me".
+ * `ckptctl run` restarts it without counting a failure. */
+#define CKPT_EXIT_RESTART 75
+
+/* ckpt_watch_opts.after_save: what happens once the save a notice asked
+ * for (maintenance, preemption, SIGTERM, request, upcoming window) is
+ * durable. */
+enum ckpt_after_save {
+	CKPT_AFTER_STOP = 0,    /* default: ckpt_should_stop() says stop; the
+	                           loop exits with CKPT_EXIT_RESTART, so
+	                           nothing is computed after the saved step */
+	CKPT_AFTER_CONTINUE = 1 /* keep training; ckpt_should_save() asks
+	                           for one more save just before the deadline,
+	                           leaving the time a save takes here */
+};
+
 /* ckpt_watch_opts.flags */
 #define CKPT_WATCH_NO_METADATA (1u << 0) /* policy, SIGTERM and requests
                                             only: no watcher thread */
@@ -792,7 +809,11 @@ typedef struct ckpt_watch_opts {
 	uint32_t sigterm_window_ms;
 	ckpt_notice_fn on_notice; /* NULL: none */
 	void *arg;
-	uint64_t reserved[8];     /* must be zero */
+	/* What the loop is told once the save a notice asked for is durable
+	 * (enum ckpt_after_save). Default CKPT_AFTER_STOP. */
+	int32_t after_save;
+	uint32_t reserved32;      /* must be zero */
+	uint64_t reserved[7];     /* must be zero */
 } ckpt_watch_opts;
 
 /* Fills *o with the defaults above. */
@@ -896,6 +917,52 @@ typedef struct ckpt_watch_info {
 /* A snapshot of the watcher's state (taken under its lock: not for the
  * training loop's hot path). */
 CKPT_API int ckpt_watch_state(const ckpt *c, ckpt_watch_info *out);
+
+/*
+ * 1 once the save a notice asked for is durable (this host's part; the
+ * step committed when the handle commits) and the policy is
+ * CKPT_AFTER_STOP: the loop should exit(CKPT_EXIT_RESTART). Nothing
+ * computed after the saved step is lost, because nothing after it is
+ * kept. 0 otherwise (also for a NULL handle). Atomics only: cheap enough
+ * for every step.
+ */
+CKPT_API int ckpt_should_stop(const ckpt *c);
+
+/* ------------------------------------------------------------------ */
+/* Event journal                                                      */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Every notice the watcher sees, every save a notice asked for (with its
+ * plan, time to durable, whether the deadline was met and the margin) and
+ * every restart of `ckptctl run` is one line of a JSON-lines journal
+ * beside the checkpoints (SPEC.md, "Event journal"):
+ * LOCATION/events/hHHHHH.jsonl for a directory, one file per host,
+ * appended with O_APPEND, one write(2) per line, then fsync. When the
+ * directory has a remote (ckpt_settings.remote) the file is uploaded to
+ * REMOTE/events/hHHHHH.jsonl (replacing it, at most once a second per
+ * process; a handle uploads what is left when it closes). For a gs://
+ * location alone the object is read, extended and replaced.
+ *
+ * `json` is one JSON object (no newline); "time" (RFC 3339 UTC with
+ * milliseconds) and "host" are added first when absent. -EINVAL if it is
+ * not a JSON object or is longer than 64 KiB.
+ */
+CKPT_API int ckpt_event_append(const char *location, uint32_t host,
+			       const char *json);
+
+/* Called once per journal line (without its newline, NUL-terminated,
+ * valid during the call); non-zero stops the walk and is returned. */
+typedef int (*ckpt_event_fn)(void *arg, uint32_t host, const char *line);
+
+/*
+ * Calls fn for every line of every host's journal at LOCATION (a directory
+ * or gs://), hosts in ascending order, oldest line first per host. A torn
+ * last line (no newline: a crash during the append) is skipped. No
+ * journal at all is 0 with no call.
+ */
+CKPT_API int ckpt_events_read(const char *location, ckpt_event_fn fn,
+			      void *arg);
 
 #ifdef __cplusplus
 }
