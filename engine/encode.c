@@ -11,13 +11,24 @@
  * at once, so the disk starts writing during the copy. Workers are
  * SCHED_BATCH at a lower priority (eng_thread_background).
  *
- * Uses pool.c only; the writer is reached through the queue wq_head and
+ * Uses pool.c (and adds each chunk's hash + codec time to plan.c's
+ * counters, atomics); the writer is reached through the queue wq_head and
  * the eventfd (eng_writer_wake), never by a call into writer.c.
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
+#include "plan.h"
 #include "save_internal.h"
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static void push_writer(struct ckpt *c, eng_buf *b)
 {
@@ -41,8 +52,11 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 	fmt_chunk_hdr h;
 	size_t stored = b->raw_len;
 	int used = CKPT_CODEC_NONE;
+	/* hash + codec time, not the wait for a buffer (plan.c) */
+	int64_t t = now_ns();
 
 	b->raw_xxh3 = fmt_xxh3(raw, b->raw_len);
+	t = now_ns() - t;
 	if (job->codec != CKPT_CODEC_NONE && cx) {
 		eng_buf *o = eng_pool_get_out(c, job);
 		int r;
@@ -51,10 +65,12 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 			eng_buf_release(c, b);
 			return;
 		}
+		t -= now_ns();
 		r = fmt_chunk_encode(cx, job->codec, job->level, b->elem_width,
 				     raw, b->raw_len, o->p + FMT_CHUNK_HDR_SIZE,
 				     o->cap - FMT_CHUNK_HDR_SIZE, &used,
 				     &stored);
+		t += now_ns();
 		if (r < 0) {
 			eng_job_fail(
 				c, job, r,
@@ -82,6 +98,7 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 			eng_buf_release(c, o);
 		}
 	}
+	eng_plan_enc(c, job->codec, (uint64_t)t, b->raw_len, stored);
 	dst->codec = (uint8_t)used;
 	dst->stored_len = (uint32_t)stored;
 	dst->span = fmt_chunk_span((uint32_t)stored);

@@ -20,6 +20,7 @@
 #include <zstd.h>
 
 #include "events.h"
+#include "plan.h"
 #include "save_internal.h"
 
 CKPT_API void ckpt_settings_default(ckpt_settings *s)
@@ -217,6 +218,7 @@ static void handle_free(struct ckpt *c)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
 	if (c->remote_url) /* journal lines the rate limit held back */
 		eng_events_flush();
+	eng_plan_close(c);
 	handle_release(c, 0);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->slot_cv);
@@ -349,7 +351,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 				goto fail;
 		}
 	}
-	r = eng_watch_open(c);
+	r = eng_plan_open(c);
+	if (r == 0)
+		r = eng_watch_open(c);
 	if (r < 0) {
 		eng_err(NULL, r, "cannot set up the watcher: %s",
 			ckpt_strerror(r));

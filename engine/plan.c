@@ -1,177 +1,552 @@
 /*
- * plan.c - what happens around the save a notice asks for: the policy
- * after it (stop or continue) and its record in the event journal.
+ * plan.c - the fastest way to a durable checkpoint within a notice's
+ * deadline, from throughputs measured on this host.
  *
- * Design note. save.c tells watch.c when a save starts (which notice it
- * answers is remembered in w->cur); the writer tells this file when it is
- * over, twice, before the handle stops being busy: under the handle's
- * mutex (eng_watch_save_done: the outcome, the CONTINUE save scheduled)
- * and after it (eng_watch_save_log: the journal lines, file and network
- * I/O off the lock, then stop_now). So when ckpt_should_stop() says stop
- * the journal has the save, and ckpt_wait() returns after both.
+ * Design note. A save takes about max(raw / encode speed, stored / write
+ * throughput) + a small fixed cost: workers encode while the writer
+ * writes, so the slower of the two sets the pace. Both sides are measured
+ * per codec and per destination (plan.h says where), kept as a running
+ * mean, and probed once at ckpt_watch_start when no save has measured
+ * them. A probe's ratio (synthetic bf16 data) stands only until a real
+ * save measures the codec.
  *
- *   save.c: eng_watch_save_started --> w->cur (which notice, deadline)
- *   writer.c: save over --> eng_watch_save_done --> stop_now | resave_at
- *                       --> eng_watch_save_log  --> events.c
- *   training loop: ckpt_should_stop(), ckpt_should_save() (resave_at)
+ * When the loop starts the save a notice asked for (ckpt_save_ex with the
+ * notice's reason), eng_plan_before_save:
+ *   1. keeps the handle's codec if its predicted time, times SAFETY, fits
+ *      the time left, else takes the codec predicted fastest;
+ *   2. with a periodic save in flight: lets it finish if it and the new
+ *      save both fit, else cancels it (the writer then removes its partial
+ *      output, as for any failed save: no COMMIT, nothing visible), unless
+ *      neither fits and it is nearer its end than the new save would be;
+ *      then waits for it, takes its status (the plan collected it, so the
+ *      loop's save is not refused with CKPT_E_PREVIOUS) and journals it;
+ *   3. records the plan (ckpt_plan_get, the journal's save line).
+ * The destination is the handle's: its directory (any upload resumes
+ * after the reboot) or its gs:// location. Writing a directory handle's
+ * notice save straight to its remote is not done (the upload sink is not
+ * a deciding sink); the estimate for it is recorded.
  *
- * Policies (ckpt_watch_opts.after_save): STOP sets stop_now once the save
- * is durable. CONTINUE asks for one more save of the same notice at
- * deadline - (the save's measured duration * 5/4 + 50 ms), when that is
- * still ahead. A notice's save that failed is asked for again at once
- * while its deadline has not passed.
+ *   encode.c --eng_plan_enc--> counters     save.c --before_save--> plan
+ *   writer (save over) --eng_plan_save_done--> measurements, outcome
+ *   sink_gcs (upload committed) --eng_plan_upload_done--> remote_bps
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "events.h"
+#include "plan.h"
 #include "save_internal.h"
 #include "watch_internal.h"
 
-CKPT_API int ckpt_should_stop(const ckpt *c)
-{
-	const struct eng_watch *w = c ? c->watch : NULL;
+#define SAFETY 1.25            /* predicted time * SAFETY must fit */
+#define FIXED_S 0.02           /* commit, fsyncs, mkdir */
+#define MIN_MEASURE (1u << 20) /* smaller saves measure nothing */
+#define PROBE_BYTES (32u << 20)
+#define PROBE_CHUNK (4u << 20)
 
-	return w ? atomic_load_explicit(&w->stop_now, memory_order_acquire) : 0;
+/* Used until something is measured: a plausible disk and network. */
+static const double default_write_bps[2] = { 200e6, 50e6 };
+
+int eng_plan_open(struct ckpt *c)
+{
+	struct eng_plan *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	pthread_mutex_init(&p->mu, NULL);
+	c->plan = p;
+	return 0;
 }
 
-/* Time the next save of this size needs here, from the one just done. */
-static int64_t resave_need_ns(const struct eng_notice_save *n)
+void eng_plan_close(struct ckpt *c)
 {
-	int64_t dur = n->done_ns - n->start_ns;
-
-	return dur + dur / 4 + 50000000;
-}
-
-void eng_watch_save_done(struct ckpt *c, eng_job *job)
-{
-	struct eng_watch *w = c->watch;
-	struct eng_notice_save *n = w ? &w->cur : NULL;
-
-	if (!n || !n->notice || n->step != job->step)
+	if (!c->plan)
 		return;
-	n->done_ns = eng_unix_ns();
-	n->status = job->status;
-	w->done = *n;
-	w->done_pending = 1;
-	if (job->status) {
-		/* ask again while there is time */
-		if (!n->deadline_ns || n->deadline_ns > n->done_ns) {
-			atomic_store(&w->resave_reason, n->reason);
-			atomic_store(&w->resave_deadline_ns, n->deadline_ns);
-			atomic_store(&w->resave_notice_ns, n->notice_ns);
-			atomic_store(&w->resave_event, n->event);
-			atomic_store_explicit(&w->resave_at_ns, n->done_ns,
-					      memory_order_release);
+	pthread_mutex_destroy(&c->plan->mu);
+	free(c->plan);
+	c->plan = NULL;
+}
+
+void eng_plan_enc(struct ckpt *c, int codec, uint64_t ns, uint64_t raw,
+		  uint64_t stored)
+{
+	struct eng_plan *p = c->plan;
+
+	if (!p || codec < 0 || codec >= CKPT_CODEC_COUNT)
+		return;
+	atomic_fetch_add_explicit(&p->enc_ns[codec], ns, memory_order_relaxed);
+	atomic_fetch_add_explicit(&p->enc_raw[codec], raw,
+				  memory_order_relaxed);
+	atomic_fetch_add_explicit(&p->enc_stored[codec], stored,
+				  memory_order_relaxed);
+}
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Workers that encode at once. */
+static double parallel(const struct ckpt *c)
+{
+	unsigned n = eng_ncpus();
+
+	return (double)(c->nworkers < n ? c->nworkers : n);
+}
+
+/* Running mean over saves; the first save's replaces a probe's. */
+static void update(double *v, double x, int saves)
+{
+	*v = saves && *v > 0 ? (*v + x) / 2 : x;
+}
+
+/* ---- estimates -------------------------------------------------------- */
+
+static double est(const struct eng_plan_meas *m, uint64_t raw, int codec,
+		  int dest)
+{
+	double enc = m->enc_bps[codec], ratio = m->ratio[codec];
+	double w = dest == CKPT_PLAN_REMOTE ? m->remote_bps : m->local_bps;
+	double te, tw;
+
+	if (w <= 0)
+		w = default_write_bps[dest == CKPT_PLAN_REMOTE];
+	if (ratio <= 0)
+		ratio = 1;
+	te = enc > 0 ? (double)raw / enc : 0;
+	tw = (double)raw * ratio / w;
+	return (te > tw ? te : tw) + FIXED_S;
+}
+
+double eng_plan_estimate(struct ckpt *c, uint64_t raw, int codec, int dest)
+{
+	struct eng_plan_meas m;
+
+	pthread_mutex_lock(&c->plan->mu);
+	m = c->plan->m;
+	pthread_mutex_unlock(&c->plan->mu);
+	return est(&m, raw, codec, dest);
+}
+
+void eng_plan_name(const ckpt_plan *p, char out[32])
+{
+	snprintf(out, 32, "%s+%s",
+		 p->dest == CKPT_PLAN_REMOTE ? "gcs" : "local",
+		 ckpt_codec_name(p->codec) ? ckpt_codec_name(p->codec) : "?");
+}
+
+static void fill_meas(ckpt_plan *o, const struct eng_plan_meas *m)
+{
+	int k;
+
+	o->local_bps = m->local_bps;
+	o->remote_bps = m->remote_bps;
+	for (k = 0; k < CKPT_CODEC_COUNT; k++) {
+		o->encode_bps[k] = m->enc_bps[k];
+		o->ratio[k] = m->ratio[k];
+	}
+}
+
+/* ---- measuring ---------------------------------------------------------- */
+
+void eng_plan_save_started(struct ckpt *c, eng_job *job)
+{
+	struct eng_plan *p = c->plan;
+	int k = job->codec;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->step = job->step;
+	p->codec = k;
+	p->start_mono = mono_ns();
+	p->ns0 = atomic_load(&p->enc_ns[k]);
+	p->raw0 = atomic_load(&p->enc_raw[k]);
+	p->stored0 = atomic_load(&p->enc_stored[k]);
+	if (c->remote_url) {
+		p->upload_step = job->step;
+		p->upload_start_mono = p->start_mono;
+	}
+	pthread_mutex_unlock(&p->mu);
+}
+
+static void measure(struct ckpt *c, struct eng_plan *p, eng_job *job,
+		    int64_t now)
+{
+	int k = job->codec,
+	    dest = c->remote_only ? CKPT_PLAN_REMOTE : CKPT_PLAN_LOCAL;
+	uint64_t ns = atomic_load(&p->enc_ns[k]) - p->ns0;
+	uint64_t raw = atomic_load(&p->enc_raw[k]) - p->raw0;
+	uint64_t stored = atomic_load(&p->enc_stored[k]) - p->stored0;
+	double dur = (double)(now - p->start_mono) / 1e9, bytes = 0, te, bps;
+	double *wr = dest ? &p->m.remote_bps : &p->m.local_bps;
+	int *cnt = dest ? &p->remote_saves : &p->local_saves;
+	uint32_t f;
+
+	if (p->fixed || job->payload_total < MIN_MEASURE || !ns || !raw ||
+	    dur <= 0)
+		return;
+	update(&p->m.enc_bps[k], (double)raw / ((double)ns / 1e9) * parallel(c),
+	       p->saves[k]);
+	update(&p->m.ratio[k], (double)stored / (double)raw, p->saves[k]);
+	p->saves[k]++;
+	for (f = 0; f < job->nfiles; f++)
+		bytes += (double)job->files[f].size;
+	bps = bytes / dur;
+	te = (double)job->payload_total / p->m.enc_bps[k];
+	/* the writes set the pace: a measurement; else a lower bound */
+	if (te < dur / 2) {
+		update(wr, bps, *cnt);
+		(*cnt)++;
+	} else if (bps > *wr) {
+		*wr = bps;
+	}
+}
+
+void eng_plan_save_done(struct ckpt *c, eng_job *job)
+{
+	struct eng_plan *p = c->plan;
+	int64_t now = mono_ns();
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	if (p->step == job->step)
+		measure(c, p, job, now);
+	if (p->cur.event && p->cur.step == job->step && p->cur.status == 1) {
+		ckpt_plan *o = &p->cur;
+
+		o->status = job->status;
+		if (job->status == 0) {
+			o->durable_ns = eng_unix_ns();
+			if (o->deadline_ns) {
+				o->deadline_met = o->durable_ns <=
+						  o->deadline_ns;
+				o->margin_s = (double)(o->deadline_ns -
+						       o->durable_ns) /
+					      1e9;
+			}
 		}
-		return;
 	}
-	if (atomic_load(&w->after_save) == CKPT_AFTER_STOP)
-		return; /* stop_now once journaled (eng_watch_save_log) */
-	if (!n->resave && n->deadline_ns &&
-	    n->deadline_ns - resave_need_ns(n) > n->done_ns) {
-		atomic_store(&w->resave_reason, n->reason);
-		atomic_store(&w->resave_deadline_ns, n->deadline_ns);
-		atomic_store(&w->resave_notice_ns, n->notice_ns);
-		atomic_store(&w->resave_event, n->event);
-		atomic_store_explicit(&w->resave_at_ns,
-				      n->deadline_ns - resave_need_ns(n),
-				      memory_order_release);
+	pthread_mutex_unlock(&p->mu);
+}
+
+void eng_plan_upload_done(struct ckpt *c, uint64_t step, uint64_t bytes)
+{
+	struct eng_plan *p = c ? c->plan : NULL;
+	double dur;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	dur = (double)(mono_ns() - p->upload_start_mono) / 1e9;
+	/* from the save's start: a lower bound of the upload's pace */
+	if (!p->fixed && step == p->upload_step && bytes >= MIN_MEASURE &&
+	    dur > 0) {
+		update(&p->m.remote_bps, (double)bytes / dur, p->remote_saves);
+		p->remote_saves++;
+	}
+	pthread_mutex_unlock(&p->mu);
+}
+
+void eng_plan_inject(struct ckpt *c, const struct eng_plan_meas *m)
+{
+	pthread_mutex_lock(&c->plan->mu);
+	c->plan->m = *m;
+	c->plan->fixed = 1;
+	pthread_mutex_unlock(&c->plan->mu);
+}
+
+/* ---- the probe ---------------------------------------------------------- */
+
+/* Seconds to write PROBE_BYTES to a temporary file in the root and sync. */
+static double probe_disk(struct ckpt *c, uint8_t *buf)
+{
+	char *tmp = eng_tmp_name(c->root, ".probe");
+	int fd, r = 0;
+	int64_t t0;
+	uint64_t off;
+	double s = -1;
+
+	if (!tmp)
+		return -1;
+	fd = eng_open(tmp,
+		      O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+			      (c->direct ? O_DIRECT : 0),
+		      0600);
+	if (fd < 0) {
+		free(tmp);
+		return -1;
+	}
+	t0 = mono_ns();
+	for (off = 0; off < PROBE_BYTES && r == 0; off += PROBE_CHUNK)
+		r = eng_pwrite_all(fd, buf, PROBE_CHUNK, off);
+	if (r == 0)
+		r = eng_fdatasync(fd);
+	if (r == 0)
+		s = (double)(mono_ns() - t0) / 1e9;
+	eng_close(fd);
+	eng_unlink(tmp);
+	free(tmp);
+	return s;
+}
+
+/* Synthetic bf16 weights: a smooth spread of exponents, noisy mantissas. */
+static void probe_data(uint8_t *buf, size_t n)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	size_t i;
+
+	for (i = 0; i + 1 < n; i += 2) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		/* sign, exponent 113..124 (|w| ~ 1e-4 .. 0.06), mantissa */
+		buf[i] = (uint8_t)x;
+		buf[i + 1] = (uint8_t)(((x >> 8) & 0x80) |
+				       (0x38 + (unsigned)((x >> 16) % 6)));
 	}
 }
 
-/* source and key of a notice by the reason of its save */
-static void reason_source(int32_t reason, const char **source, const char **key)
+void eng_plan_probe(struct ckpt *c)
 {
-	*key = NULL;
-	switch (reason) {
-	case CKPT_REASON_MAINTENANCE:
-		*source = "metadata";
-		*key = "instance/maintenance-event";
-		break;
-	case CKPT_REASON_PREEMPTED:
-		*source = "metadata";
-		*key = "instance/preempted";
-		break;
-	case CKPT_REASON_UPCOMING:
-		*source = "metadata";
-		*key = "instance/upcoming-maintenance";
-		break;
-	case CKPT_REASON_SIGTERM:
-		*source = "sigterm";
-		break;
-	default:
-		*source = "request";
-		break;
+	struct eng_plan *p = c->plan;
+	struct eng_plan_meas m;
+	fmt_codec_ctx *cx = NULL;
+	uint8_t *buf, *out;
+	double s;
+	int k;
+
+	if (!p || c->s.staging_bytes == 0)
+		return;
+	pthread_mutex_lock(&p->mu);
+	m = p->m;
+	pthread_mutex_unlock(&p->mu);
+	if (p->fixed || (m.local_bps > 0 && m.enc_bps[c->s.codec] > 0))
+		return;
+	if (posix_memalign((void **)&buf, 4096, PROBE_CHUNK))
+		return;
+	out = malloc(PROBE_CHUNK + 65536);
+	probe_data(buf, PROBE_CHUNK);
+	if (!c->remote_only && m.local_bps <= 0) {
+		s = probe_disk(c, buf);
+		if (s > 0)
+			m.local_bps = PROBE_BYTES / s;
 	}
+	if (c->s.codec != CKPT_CODEC_NONE)
+		cx = fmt_codec_ctx_new();
+	for (k = 0; out && k < CKPT_CODEC_COUNT; k++) {
+		size_t stored = PROBE_CHUNK;
+		int used = 0, r = 0;
+		int64_t t0 = mono_ns();
+
+		if (m.enc_bps[k] > 0 || (k != CKPT_CODEC_NONE && !cx))
+			continue;
+		(void)fmt_xxh3(buf, PROBE_CHUNK);
+		if (k != CKPT_CODEC_NONE)
+			r = fmt_chunk_encode(cx, k, c->s.level, 2, buf,
+					     PROBE_CHUNK, out,
+					     PROBE_CHUNK + 65536, &used,
+					     &stored);
+		s = (double)(mono_ns() - t0) / 1e9;
+		if (r < 0 || s <= 0)
+			continue;
+		m.enc_bps[k] = PROBE_CHUNK / s * parallel(c);
+		m.ratio[k] = used == CKPT_CODEC_NONE ?
+				     1.0 :
+				     (double)stored / PROBE_CHUNK;
+	}
+	fmt_codec_ctx_free(cx);
+	free(out);
+	free(buf);
+	pthread_mutex_lock(&p->mu);
+	if (!p->fixed) {
+		if (p->m.local_bps <= 0)
+			p->m.local_bps = m.local_bps;
+		for (k = 0; k < CKPT_CODEC_COUNT; k++)
+			if (p->m.enc_bps[k] <= 0) {
+				p->m.enc_bps[k] = m.enc_bps[k];
+				p->m.ratio[k] = m.ratio[k];
+			}
+	}
+	pthread_mutex_unlock(&p->mu);
 }
 
-static void set_time(json_t *o, const char *name, int64_t ns)
-{
-	char t[32];
+/* ---- planning ------------------------------------------------------------ */
 
-	if (ns && eng_events_time(ns, t) == 0)
-		json_object_set_new(o, name, json_string(t));
+static int codec_usable(const struct ckpt *c, int k)
+{
+	return k == CKPT_CODEC_NONE || c->nout > 0;
 }
 
-void eng_watch_save_log(struct ckpt *c)
+/* The codec: the job's if it fits with the margin, else the fastest. */
+static int choose_codec(const struct ckpt *c, const struct eng_plan_meas *m,
+			uint64_t raw, int codec, int dest, double left,
+			double *pred)
 {
-	struct eng_watch *w = c->watch;
-	struct eng_notice_save n;
-	const char *source, *key;
-	json_t *o;
-	int policy;
+	int k, best = codec;
 
-	if (!w)
-		return;
-	pthread_mutex_lock(&c->mu);
-	n = w->done;
-	policy = w->done_pending;
-	w->done_pending = 0;
-	pthread_mutex_unlock(&c->mu);
-	if (!policy)
-		return;
-	reason_source(n.reason, &source, &key);
-	o = json_object();
-	json_object_set_new(o, "source", json_string(source));
-	if (key)
-		json_object_set_new(o, "key", json_string(key));
-	json_object_set_new(o, "action", json_string("save"));
-	json_object_set_new(o, "reason",
-			    json_string(ckpt_reason_name(n.reason)));
-	json_object_set_new(o, "step", json_integer((json_int_t)n.step));
-	json_object_set_new(o, "event", json_integer((json_int_t)n.event));
-	if (n.resave)
-		json_object_set_new(o, "resave", json_true());
-	set_time(o, "deadline", n.deadline_ns);
-	json_object_set_new(o, "durable_s",
-			    json_real((double)(n.done_ns - n.notice_ns) / 1e9));
-	json_object_set_new(o, "save_s",
-			    json_real((double)(n.done_ns - n.start_ns) / 1e9));
-	if (n.status) {
+	*pred = est(m, raw, codec, dest);
+	if (*pred * SAFETY <= left)
+		return codec;
+	for (k = 0; k < CKPT_CODEC_COUNT; k++) {
+		double t = est(m, raw, k, dest);
+
+		if (codec_usable(c, k) && t < *pred) {
+			*pred = t;
+			best = k;
+		}
+	}
+	return best;
+}
+
+static void log_inflight(struct ckpt *c, const char *action, uint64_t step,
+			 int status, double remaining)
+{
+	json_t *o = json_object();
+
+	json_object_set_new(o, "source", json_string("periodic"));
+	json_object_set_new(o, "action", json_string(action));
+	json_object_set_new(o, "step", json_integer((json_int_t)step));
+	json_object_set_new(o, "predicted_s", json_real(remaining));
+	if (status && status != CKPT_E_CANCELED)
 		json_object_set_new(o, "error",
-				    json_string(ckpt_strerror(n.status)));
-	} else if (n.deadline_ns) {
-		json_object_set_new(o, "deadline_met",
-				    json_boolean(n.done_ns <= n.deadline_ns));
-		json_object_set_new(
-			o, "margin_s",
-			json_real((double)(n.deadline_ns - n.done_ns) / 1e9));
+				    json_string(ckpt_strerror(status)));
+	eng_event_log(c, o);
+}
+
+/* A periodic (or unspecified) save in flight: finish or cancel it, wait,
+ * and take its status. Returns enum ckpt_plan_inflight. */
+static int settle_inflight(struct ckpt *c, const struct eng_plan_meas *m,
+			   int dest, double left, double pred)
+{
+	double rem;
+	uint64_t step;
+	int action, st;
+
+	pthread_mutex_lock(&c->mu);
+	if (!c->busy || !c->job || c->job->reason > CKPT_REASON_PERIODIC) {
+		pthread_mutex_unlock(&c->mu);
+		return CKPT_INFLIGHT_NONE;
 	}
-	eng_event_log(c, o);
-	if (n.status)
+	step = c->job->step;
+	rem = est(m,
+		  c->bytes_total > c->bytes_written ?
+			  c->bytes_total - c->bytes_written :
+			  0,
+		  c->job->codec, dest);
+	if (rem + pred <= left / SAFETY)
+		action = CKPT_INFLIGHT_FINISH;
+	else if (pred <= left / SAFETY)
+		action = CKPT_INFLIGHT_CANCEL;
+	else
+		action = rem < pred ? CKPT_INFLIGHT_FINISH :
+				      CKPT_INFLIGHT_CANCEL;
+	/* too late to cancel once its index is being published */
+	if (action == CKPT_INFLIGHT_CANCEL &&
+	    (c->job->finishing || c->job->status))
+		action = CKPT_INFLIGHT_FINISH;
+	if (action == CKPT_INFLIGHT_CANCEL) {
+		c->job->status = CKPT_E_CANCELED;
+		snprintf(c->job->msg, sizeof(c->job->msg),
+			 "%s: save of step %llu cancelled: the save a notice "
+			 "asked for needs the time",
+			 c->job->stepdir, (unsigned long long)step);
+		pthread_cond_broadcast(&c->slot_cv);
+		pthread_cond_broadcast(&c->out_cv);
+	}
+	pthread_mutex_unlock(&c->mu);
+	eng_writer_wake(c);
+	if (c->plan->settled)
+		c->plan->settled(c->plan->settled_arg, action);
+	pthread_mutex_lock(&c->mu);
+	while (c->busy)
+		pthread_cond_wait(&c->done_cv, &c->mu);
+	st = c->status;
+	c->uncollected = 0; /* the plan took it: not the loop's failure */
+	pthread_mutex_unlock(&c->mu);
+	log_inflight(c, action == CKPT_INFLIGHT_CANCEL ? "cancel" : "finish",
+		     step, st, rem);
+	return action;
+}
+
+void eng_plan_before_save(struct ckpt *c, eng_job *job, int codec_explicit)
+{
+	struct eng_plan *p = c->plan;
+	struct eng_plan_meas m;
+	int64_t deadline = job->deadline_ns, notice = 0, now;
+	uint64_t event = 0;
+	int dest = c->remote_only ? CKPT_PLAN_REMOTE : CKPT_PLAN_LOCAL;
+	int codec = job->codec, inflight;
+	double left = INFINITY, pred;
+	ckpt_plan o;
+
+	if (!p)
 		return;
-	policy = atomic_load(&w->after_save);
-	o = json_object();
-	json_object_set_new(o, "source", json_string(source));
-	json_object_set_new(
-		o, "action",
-		json_string(policy == CKPT_AFTER_STOP ? "stop" : "continue"));
-	json_object_set_new(o, "step", json_integer((json_int_t)n.step));
-	if (policy == CKPT_AFTER_CONTINUE && atomic_load(&w->resave_at_ns))
-		set_time(o, "resave_at", atomic_load(&w->resave_at_ns));
-	eng_event_log(c, o);
-	if (policy == CKPT_AFTER_STOP)
-		atomic_store_explicit(&w->stop_now, 1, memory_order_release);
+	eng_watch_notice_of(c, job->reason, &deadline, &notice, &event);
+	pthread_mutex_lock(&p->mu);
+	m = p->m;
+	pthread_mutex_unlock(&p->mu);
+	now = eng_unix_ns();
+	if (deadline)
+		left = (double)(deadline - now) / 1e9;
+	if (codec_explicit)
+		pred = est(&m, job->payload_total, codec, dest);
+	else
+		codec = choose_codec(c, &m, job->payload_total, codec, dest,
+				     left, &pred);
+	inflight = settle_inflight(c, &m, dest, left, pred);
+	job->codec = codec;
+
+	memset(&o, 0, sizeof(o));
+	o.event = event ? event : 1;
+	o.reason = job->reason;
+	o.codec = codec;
+	o.dest = dest;
+	o.inflight = inflight;
+	o.deadline_ns = deadline;
+	o.planned_ns = now;
+	o.state_bytes = job->payload_total;
+	o.predicted_s = pred;
+	o.left_s = deadline ? left : 0;
+	o.step = job->step;
+	o.status = 1;
+	o.deadline_met = -1;
+	fill_meas(&o, &m);
+	pthread_mutex_lock(&p->mu);
+	p->cur = o;
+	pthread_mutex_unlock(&p->mu);
+}
+
+void eng_plan_snapshot(struct ckpt *c, ckpt_plan *out)
+{
+	struct eng_plan *p = c->plan;
+
+	memset(out, 0, sizeof(*out));
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	*out = p->cur;
+	fill_meas(out, &p->m);
+	pthread_mutex_unlock(&p->mu);
+}
+
+CKPT_API int ckpt_plan_get(const ckpt *c, ckpt_plan *out)
+{
+	if (!c || !out)
+		return eng_err(NULL, -EINVAL, "ckpt_plan_get: %s is NULL",
+			       c ? "out" : "handle");
+	eng_plan_snapshot((struct ckpt *)c, out);
+	if (!out->event)
+		out->deadline_met = -1;
+	return 0;
 }

@@ -24,6 +24,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "plan.h"
 #include "save_internal.h"
 
 /* Sets the handle's message under its mutex (several threads may fail). */
@@ -510,6 +511,11 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	job->level = level;
 	job->reason = reason;
 	job->deadline_ns = deadline;
+	/* a notice's save: its codec and any periodic save in flight are
+	 * planned against the deadline (plan.c) */
+	if (eng_watch_is_notice(reason))
+		eng_plan_before_save(c, job,
+				     o && o->codec != CKPT_SAVE_DEFAULT);
 
 	pthread_mutex_lock(&c->mu);
 	if (c->busy) {

@@ -104,6 +104,7 @@ typedef struct eng_job {
 	uint64_t received;     /* writer: chunks dispatched */
 
 	/* under c->mu */
+	int finishing; /* the writer publishes it: too late to cancel */
 	int copy_done; /* ckpt_save() no longer touches the job */
 	int reported;  /* ckpt_save() returned the failure */
 	int status;
@@ -235,6 +236,7 @@ struct ckpt {
 		bytes_stored;
 
 	struct eng_watch *watch; /* when to save (watch.c) */
+	struct eng_plan *plan;   /* measurements, notice plans (plan.c) */
 	char *remote_url;        /* settings.remote: the event journal's
 	                            upload (events.c) */
 	atomic_int remote_noted; /* DIR/events/remote written */
@@ -246,6 +248,13 @@ struct ckpt {
 int eng_watch_open(struct ckpt *c);
 void eng_watch_close(struct ckpt *c);
 void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason);
+/* 1 for the reasons a notice gives (maintenance, preempted, SIGTERM,
+ * requested, upcoming). */
+int eng_watch_is_notice(int32_t reason);
+/* The pending notice (or CONTINUE save) of that reason: its deadline
+ * (*deadline kept when nonzero), when it was seen and its number. */
+void eng_watch_notice_of(struct ckpt *c, int32_t reason, int64_t *deadline,
+			 int64_t *notice_ns, uint64_t *event);
 /* writer.c, when a save has finished (status 0: durable, committed unless
  * manual commit): save_done under mu, then save_log without it (the
  * journal lines; ckpt_should_stop() turns true there), both before the

@@ -67,6 +67,7 @@
 
 #include "gcs.h"
 #include "journal.h"
+#include "plan.h"
 #include "save_internal.h"
 
 #define UP_PIECE (8u << 20) /* pread size when reading local files */
@@ -811,6 +812,8 @@ static void step_commit(gcs_sink *s, up_step *u)
 	u->state = ST_DONE;
 	eng_journal_remove(s->base.c->root, u->step);
 	set_status(s, u, state);
+	/* the upload's pace, for the deadline planner */
+	eng_plan_upload_done(s->base.c, u->step, s->st.bytes_total);
 }
 
 /* One turn over the oldest background step. */

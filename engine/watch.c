@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "plan.h"
 #include "save_internal.h"
 #include "watch_internal.h"
 
@@ -207,10 +208,11 @@ static int check_opts(const ckpt_watch_opts *o)
 		return eng_err(NULL, -EINVAL,
 			       "watch opts.after_save: unknown policy %d",
 			       (int)o->after_save);
-	if (o->flags & ~CKPT_WATCH_NO_METADATA)
+	if (o->flags & ~(CKPT_WATCH_NO_METADATA | CKPT_WATCH_NO_PROBE))
 		return eng_err(NULL, -EINVAL,
 			       "watch opts.flags: unknown bits 0x%x",
-			       o->flags & ~CKPT_WATCH_NO_METADATA);
+			       o->flags & ~(CKPT_WATCH_NO_METADATA |
+					    CKPT_WATCH_NO_PROBE));
 	if (!o->time_scale || !o->timeout_sec || !o->upcoming_interval_ms ||
 	    !o->backoff_min_ms || o->backoff_max_ms < o->backoff_min_ms)
 		return eng_err(NULL, -EINVAL,
@@ -312,6 +314,8 @@ CKPT_API int ckpt_watch_start(ckpt *c, const ckpt_watch_opts *o)
 	atomic_store(&w->sigterm_window_ms, w->o.sigterm_window_ms);
 	atomic_store(&w->after_save, w->o.after_save);
 	atomic_store(&w->last_save_mono, eng_mono_ns());
+	if (!(w->o.flags & CKPT_WATCH_NO_PROBE))
+		eng_plan_probe(c);
 	if (w->o.flags & CKPT_WATCH_NO_METADATA)
 		return 0;
 	pthread_mutex_lock(&w->mu);
@@ -564,11 +568,59 @@ void eng_watch_save_started(struct ckpt *c, uint64_t step, int32_t reason)
 		break;
 	}
 	note_start(w, step, reason, slot);
+	if (c->job)
+		eng_plan_save_started(c, c->job);
 	if (reason == CKPT_REASON_SIGTERM)
 		atomic_store(&w->sig_acked, atomic_load(&g_sig_seq));
 	if (slot >= 0)
 		atomic_store(&w->slot[slot].acked,
 			     atomic_load(&w->slot[slot].seq));
+}
+
+int eng_watch_is_notice(int32_t reason)
+{
+	return reason == CKPT_REASON_MAINTENANCE ||
+	       reason == CKPT_REASON_PREEMPTED ||
+	       reason == CKPT_REASON_SIGTERM ||
+	       reason == CKPT_REASON_REQUESTED ||
+	       reason == CKPT_REASON_UPCOMING;
+}
+
+void eng_watch_notice_of(struct ckpt *c, int32_t reason, int64_t *deadline,
+			 int64_t *notice_ns, uint64_t *event)
+{
+	struct eng_watch *w = c->watch;
+	int slot = reason == CKPT_REASON_MAINTENANCE ? W_MAINT :
+		   reason == CKPT_REASON_PREEMPTED   ? W_PREEMPT :
+		   reason == CKPT_REASON_UPCOMING    ? W_UPCOMING :
+		   reason == CKPT_REASON_REQUESTED   ? W_REQUESTED :
+						       -1;
+	int64_t dl = 0;
+
+	*notice_ns = 0;
+	*event = 0;
+	if (!w)
+		return;
+	if (slot >= 0 && atomic_load(&w->slot[slot].seq) !=
+				 atomic_load(&w->slot[slot].acked)) {
+		dl = atomic_load(&w->slot[slot].deadline_ns);
+		*notice_ns = atomic_load(&w->slot[slot].notice_ns);
+		*event = atomic_load(&w->slot[slot].event);
+	} else if (reason == CKPT_REASON_SIGTERM &&
+		   atomic_load(&w->sigterm_opted) &&
+		   atomic_load(&g_sig_seq) != atomic_load(&w->sig_acked)) {
+		*notice_ns = atomic_load(&g_sig_ns);
+		*event = atomic_load(&g_sig_seq);
+		dl = *notice_ns +
+		     (int64_t)atomic_load(&w->sigterm_window_ms) * 1000000;
+	} else if (atomic_load(&w->resave_at_ns) &&
+		   reason == atomic_load(&w->resave_reason)) {
+		dl = atomic_load(&w->resave_deadline_ns);
+		*notice_ns = atomic_load(&w->resave_notice_ns);
+		*event = atomic_load(&w->resave_event);
+	}
+	if (!*deadline)
+		*deadline = dl;
 }
 
 CKPT_API int ckpt_watch_state(const ckpt *c, ckpt_watch_info *out)

@@ -55,23 +55,23 @@ struct eng_watch {
 	atomic_int stop;          /* the thread must return */
 
 	/* after a notice's save (watch.c; policy in ckpt_watch_opts) */
-	atomic_int after_save;       /* enum ckpt_after_save */
-	atomic_int stop_now;         /* ckpt_should_stop() */
-	atomic_llong resave_at_ns;   /* CONTINUE: unix ns of the save
+	atomic_int after_save;     /* enum ckpt_after_save */
+	atomic_int stop_now;       /* ckpt_should_stop() */
+	atomic_llong resave_at_ns; /* CONTINUE: unix ns of the save
 	                                just before the deadline, 0 none */
 	atomic_llong resave_deadline_ns, resave_notice_ns;
 	atomic_int resave_reason;
 	atomic_ullong resave_event;
 	/* the save in flight, set when it starts (under the handle's mu) */
 	struct eng_notice_save {
-		int notice;          /* it answers a pending notice */
+		int notice; /* it answers a pending notice */
 		int32_t reason;
 		uint64_t event, step;
 		int64_t notice_ns, deadline_ns, start_ns, done_ns;
 		int status;
-		int resave;          /* the CONTINUE save before the deadline */
-	} cur, done;             /* done: the last finished, for the journal */
-	int done_pending;        /* `done` not yet journaled (under mu) */
+		int resave; /* the CONTINUE save before the deadline */
+	} cur, done;        /* done: the last finished, for the journal */
+	int done_pending;   /* `done` not yet journaled (under mu) */
 
 	ckpt_watch_opts o; /* written before the thread starts */
 	pthread_t thr;

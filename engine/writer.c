@@ -374,6 +374,11 @@ static void run_job(struct ckpt *c, eng_job *job)
 		wait_wake(c);
 	}
 
+	/* from here a cancel (plan.c) would come too late: the index and
+	 * COMMIT may be out */
+	pthread_mutex_lock(&c->mu);
+	job->finishing = job->status == 0;
+	pthread_mutex_unlock(&c->mu);
 	if (eng_job_status(c, job) == 0)
 		finish_job(c, job);
 	/* a secondary sink that failed or was detached removes its partial

@@ -767,6 +767,10 @@ enum ckpt_after_save {
 /* ckpt_watch_opts.flags */
 #define CKPT_WATCH_NO_METADATA (1u << 0) /* policy, SIGTERM and requests
                                             only: no watcher thread */
+#define CKPT_WATCH_NO_PROBE (1u << 1)    /* do not probe the disk and the
+                                            codecs at start (see
+                                            ckpt_plan); saves still
+                                            measure them */
 
 /* Called on the watcher thread (or, for SIGTERM, on the watcher thread
  * once it has seen the signal; never in the signal handler) once per new
@@ -927,6 +931,60 @@ CKPT_API int ckpt_watch_state(const ckpt *c, ckpt_watch_info *out);
  * for every step.
  */
 CKPT_API int ckpt_should_stop(const ckpt *c);
+
+/*
+ * The save a notice asks for is planned against its deadline when the
+ * loop starts it (ckpt_save_ex with opts.reason from the advice, codec
+ * left CKPT_SAVE_DEFAULT): from what this host measured (each codec's
+ * encode speed and ratio, the local disk's and Cloud Storage's write
+ * throughput, from the saves it made and a small probe at
+ * ckpt_watch_start), the engine keeps the handle's codec when the save
+ * fits the deadline with a margin, else takes the fastest codec. A
+ * periodic save still in flight is finished when both it and the
+ * notice's save fit, else cancelled (its partial step removed; it is never
+ * visible); ckpt_save_ex waits for either. The plan and its outcome are in
+ * the journal and here.
+ */
+enum ckpt_plan_dest {
+	CKPT_PLAN_LOCAL = 0,  /* the directory (the upload to a remote goes
+	                         on after it, resumed by the next open) */
+	CKPT_PLAN_REMOTE = 1  /* Cloud Storage (a gs:// location) */
+};
+enum ckpt_plan_inflight {
+	CKPT_INFLIGHT_NONE = 0,   /* no periodic save was in flight */
+	CKPT_INFLIGHT_FINISH = 1, /* it was left to finish first */
+	CKPT_INFLIGHT_CANCEL = 2  /* it was cancelled */
+};
+
+typedef struct ckpt_plan {
+	uint64_t event;       /* notice planned for; 0: no plan yet */
+	int32_t reason;       /* enum ckpt_save_reason */
+	int32_t codec;        /* codec of the notice's save */
+	int32_t dest;         /* enum ckpt_plan_dest */
+	int32_t inflight;     /* enum ckpt_plan_inflight */
+	int64_t deadline_ns;  /* unix ns, 0 = none */
+	int64_t planned_ns;   /* unix ns the plan was made */
+	uint64_t state_bytes; /* bytes of the save planned */
+	double predicted_s;   /* predicted time from planning to durable */
+	double left_s;        /* time to the deadline when planned */
+	/* the outcome */
+	uint64_t step;
+	int32_t status;       /* 1 running, 0 durable, or the error */
+	int32_t deadline_met; /* 1 yes, 0 no, -1 not known yet / no deadline */
+	int64_t durable_ns;   /* unix ns it became durable (0: not yet) */
+	double margin_s;      /* deadline - durable (negative: missed) */
+	/* the measurements used, bytes per second (0: none yet); encode
+	 * and ratio by codec (enum ckpt_codec), ratio = stored / raw */
+	double local_bps;
+	double remote_bps;
+	double encode_bps[CKPT_STATS_MAX_CODECS];
+	double ratio[CKPT_STATS_MAX_CODECS];
+	uint64_t reserved[8];
+} ckpt_plan;
+
+/* The last plan and the current measurements (no plan yet: event 0,
+ * the measurements filled). */
+CKPT_API int ckpt_plan_get(const ckpt *c, ckpt_plan *out);
 
 /* ------------------------------------------------------------------ */
 /* Event journal                                                      */

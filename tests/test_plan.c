@@ -11,12 +11,15 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "plan.h"
+#include "save_internal.h"
 #include "test_gcs_util.h"
 #include "testutil.h"
 
@@ -109,7 +112,7 @@ static void watch_no_md(ckpt *c, int after_save)
 	ckpt_watch_opts o;
 
 	ckpt_watch_opts_default(&o);
-	o.flags = CKPT_WATCH_NO_METADATA;
+	o.flags = CKPT_WATCH_NO_METADATA | CKPT_WATCH_NO_PROBE;
 	o.every_seconds = 0;
 	o.after_save = after_save;
 	ck_assert_msg(ckpt_watch_start(c, &o) == 0, "%s", ckpt_errmsg(NULL));
@@ -384,6 +387,354 @@ START_TEST(test_journal_remote)
 }
 END_TEST
 
+/* ---- planning with injected throughputs ----------------------------- */
+
+/* A compressible bf16 tensor of `n` bytes (slow ramps: zstd shrinks it). */
+static void save_state(ckpt *c, uint64_t step, int reason, uint64_t n, int wait)
+{
+	static uint16_t *data;
+	static uint64_t have;
+	uint64_t shape[1] = { n / 2 };
+	ckpt_tensor t = { .name = "state",
+			  .dtype = CKPT_BF16,
+			  .ndim = 1,
+			  .shape = shape,
+			  .nbytes = n };
+	ckpt_save_opts o;
+
+	if (have < n) {
+		free(data);
+		data = malloc(n);
+		ck_assert_ptr_nonnull(data);
+		for (uint64_t i = 0; i < n / 2; i++)
+			data[i] = (uint16_t)(0x3c00 + (i >> 12) % 64);
+		have = n;
+	}
+	t.data = data;
+	ckpt_save_opts_default(&o);
+	o.reason = reason;
+	ck_assert_msg(ckpt_save_ex(c, step, &t, 1, &o) == 0, "%s",
+		      ckpt_errmsg(c));
+	if (wait)
+		ck_assert_msg(ckpt_wait(c) == 0, "%s", ckpt_errmsg(c));
+}
+
+static ckpt *open_plan(const char *dir, uint64_t staging)
+{
+	ckpt_settings s;
+	ckpt *c = NULL;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = staging;
+	s.chunk_bytes = 64 << 10;
+	s.threads = 1;
+	s.files_per_host = 1;
+	ck_assert_msg(ckpt_open(&c, dir, &s) == 0, "%s", ckpt_errmsg(NULL));
+	return c;
+}
+
+/* Rates in bytes/s; ratio stored/raw. */
+static void inject(ckpt *c, double local, const double enc[3],
+		   const double ratio[3])
+{
+	struct eng_plan_meas m = { .local_bps = local, .remote_bps = 0 };
+
+	for (int k = 0; k < 3; k++) {
+		m.enc_bps[k] = enc[k];
+		m.ratio[k] = ratio[k];
+	}
+	eng_plan_inject(c, &m);
+}
+
+static uint64_t chunks_of(const char *dir, uint64_t step, int codec)
+{
+	ckpt_reader *r = NULL;
+	ckpt_stats st;
+
+	ck_assert_msg(ckpt_reader_open(&r, dir, step, NULL) == 0, "%s",
+		      ckpt_reader_errmsg(NULL));
+	ck_assert_int_eq(ckpt_reader_stats(r, &st), 0);
+	ckpt_reader_close(r);
+	return st.chunks_by_codec[codec];
+}
+
+/* The codec of a notice's save: the handle's when it fits, else the one
+ * predicted fastest. 4 MiB planned against made-up rates, so the
+ * predictions are hundreds of seconds and no clock matters. */
+START_TEST(test_plan_codec)
+{
+	static const struct {
+		double local, enc[3], ratio[3];
+		int deadline_s, want;
+	} cases[] = {
+		/* float 200 s fits 600 s: kept */
+		{ 100e3,
+		  { 1e9, 40e3, 20e3 },
+		  { 1, .25, .2 },
+		  600,
+		  CKPT_CODEC_FLOAT },
+		/* 150 s: float (200) no, none 42 s is fastest */
+		{ 100e3,
+		  { 1e9, 40e3, 20e3 },
+		  { 1, .25, .2 },
+		  150,
+		  CKPT_CODEC_NONE },
+		/* slow disk: none 420 s, zstd 105 s, float 210 s */
+		{ 10e3,
+		  { 1e9, 1e6, 20e3 },
+		  { 1, .25, .2 },
+		  150,
+		  CKPT_CODEC_ZSTD },
+	};
+	int i = _i;
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_plan(dir, 8 << 20);
+	ckpt_save_advice a;
+	ckpt_plan p;
+	struct lines L = { 0 };
+	json_t *o;
+	int64_t dl = unix_ns() + cases[i].deadline_s * (int64_t)1000000000;
+
+	watch_no_md(c, CKPT_AFTER_STOP);
+	inject(c, cases[i].local, cases[i].enc, cases[i].ratio);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_uint_eq(p.event, 0);
+	ck_assert(p.local_bps == cases[i].local);
+	ck_assert_int_eq(ckpt_request_save(c, dl), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 10, &a), 1);
+	save_state(c, 10, a.reason, 4 << 20, 1);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_uint_ne(p.event, 0);
+	ck_assert_int_eq(p.codec, cases[i].want);
+	ck_assert_int_eq(p.dest, CKPT_PLAN_LOCAL);
+	ck_assert_int_eq(p.inflight, CKPT_INFLIGHT_NONE);
+	ck_assert_uint_eq(p.step, 10);
+	ck_assert_uint_eq(p.state_bytes, 4 << 20);
+	ck_assert_int_eq(p.deadline_ns, dl);
+	ck_assert(p.predicted_s > 30);
+	if (cases[i].want == CKPT_CODEC_FLOAT) /* kept: it fits */
+		ck_assert(p.predicted_s * 1.25 <= p.left_s);
+	else /* the handle's would not have */
+		ck_assert(p.predicted_s < p.left_s);
+	ck_assert_int_eq(p.status, 0);
+	ck_assert_int_eq(p.deadline_met, 1);
+	ck_assert(p.margin_s > 0);
+	ck_assert_int_ne(p.durable_ns, 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+
+	/* the step was written with that codec */
+	if (cases[i].want == CKPT_CODEC_NONE) {
+		ck_assert_uint_gt(chunks_of(dir, 10, CKPT_CODEC_NONE), 0);
+		ck_assert_uint_eq(chunks_of(dir, 10, CKPT_CODEC_ZSTD), 0);
+		ck_assert_uint_eq(chunks_of(dir, 10, CKPT_CODEC_FLOAT), 0);
+	} else {
+		ck_assert_uint_gt(chunks_of(dir, 10, cases[i].want), 0);
+	}
+	ck_assert_int_eq(ckpt_events_read(dir, collect, &L), 0);
+	o = find_action(&L, "save", 10);
+	ck_assert_ptr_nonnull(o);
+	{
+		char want[32];
+
+		snprintf(want, sizeof(want), "local+%s",
+			 ckpt_codec_name(cases[i].want));
+		ck_assert_str_eq(str(o, "plan"), want);
+	}
+	ck_assert(json_real_value(json_object_get(o, "predicted_s")) > 30);
+	lines_free(&L);
+}
+END_TEST
+
+/* An explicit codec in the options is kept whatever the plan thinks. */
+START_TEST(test_plan_explicit_codec)
+{
+	static const double enc[3] = { 1e9, 40e3, 20e3 },
+			    ratio[3] = { 1, .25, .2 };
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_plan(dir, 8 << 20);
+	ckpt_save_advice a;
+	ckpt_plan p;
+	ckpt_save_opts o;
+	static uint8_t data[1 << 16];
+	uint64_t shape[1] = { sizeof(data) };
+	ckpt_tensor t = { .name = "w",
+			  .dtype = CKPT_U8,
+			  .ndim = 1,
+			  .shape = shape,
+			  .data = data,
+			  .nbytes = sizeof(data) };
+
+	watch_no_md(c, CKPT_AFTER_STOP);
+	inject(c, 100e3, enc, ratio);
+	ck_assert_int_eq(ckpt_request_save(c, unix_ns() + 5000000000LL), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 1);
+	ckpt_save_opts_default(&o);
+	o.reason = a.reason;
+	o.codec = CKPT_CODEC_FLOAT;
+	ck_assert_int_eq(ckpt_save_ex(c, 1, &t, 1, &o), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_int_eq(p.codec, CKPT_CODEC_FLOAT);
+	ck_assert_int_eq(ckpt_close(c), 0);
+}
+END_TEST
+
+/* ---- a periodic save in flight: finished or cancelled ---------------- */
+
+static atomic_int g_gate; /* writes of the save in flight wait for it */
+static atomic_int g_settled;
+
+static long slow_write(int fd, uint64_t off, size_t len, long res)
+{
+	double t0 = now_s();
+
+	(void)fd;
+	(void)off;
+	(void)len;
+	while (!atomic_load(&g_gate) && now_s() - t0 < PATIENCE_S)
+		usleep(1000);
+	return res;
+}
+
+static void on_settled(void *arg, int action)
+{
+	(void)arg;
+	atomic_store(&g_settled, action);
+	atomic_store(&g_gate, 1);
+}
+
+static void inflight_case(int want)
+{
+	/* cancel: a slow disk, the periodic save's rest takes ~800 s, the
+	 * notice's 0.3 s; finish: everything is fast */
+	static const double enc[3] = { 1e9, 1e9, 1e9 }, ratio[3] = { 1, 1, 1 };
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_plan(dir, 16 << 20);
+	eng_io io = { .write_result = slow_write };
+	ckpt_save_advice a;
+	ckpt_plan p;
+	ckpt_step_info *steps = NULL;
+	size_t n = 0;
+	struct lines L = { 0 };
+	json_t *o;
+	char *stepdir;
+
+	watch_no_md(c, CKPT_AFTER_STOP);
+	inject(c, want == CKPT_INFLIGHT_CANCEL ? 10e3 : 10e9, enc, ratio);
+	c->plan->settled = on_settled;
+	atomic_store(&g_gate, 0);
+	atomic_store(&g_settled, -1);
+	eng_io_set(&io);
+	/* 8 MiB fits the 16 MiB pool: ckpt_save returns, writes wait */
+	save_state(c, 100, CKPT_REASON_PERIODIC, 8 << 20, 0);
+	ck_assert_int_eq(ckpt_poll(c, NULL), 1);
+	ck_assert_int_eq(ckpt_request_save(c, unix_ns() + 600000000000LL), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 101, &a), 1);
+	/* waits for the save in flight, whichever way it ends */
+	save_state(c, 101, a.reason, 1 << 16, 1);
+	eng_io_set(NULL);
+	{
+		int settled = atomic_load(&g_settled);
+
+		ck_assert_int_eq(settled, want);
+	}
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_int_eq(p.inflight, want);
+	ck_assert_int_eq(ckpt_should_stop(c), 1);
+	ck_assert_int_eq(ckpt_close(c), 0);
+
+	c = open_plan(dir, 0);
+	ck_assert_int_eq(ckpt_list(c, &steps, &n), 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	stepdir = tu_step_dir(dir, 100);
+	if (want == CKPT_INFLIGHT_CANCEL) {
+		/* only the notice's step; nothing of step 100 is left */
+		ck_assert_uint_eq(n, 1);
+		ck_assert_uint_eq(steps[0].step, 101);
+		ck_assert_int_ne(access(stepdir, F_OK), 0);
+	} else {
+		ck_assert_uint_eq(n, 2);
+		ck_assert_uint_eq(steps[0].step, 100);
+		ck_assert_uint_eq(steps[1].step, 101);
+	}
+	ckpt_free(steps);
+	free(stepdir);
+	ck_assert_int_eq(ckpt_events_read(dir, collect, &L), 0);
+	o = find_action(&L, want == CKPT_INFLIGHT_CANCEL ? "cancel" : "finish",
+			100);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_str_eq(str(o, "source"), "periodic");
+	ck_assert_ptr_null(json_object_get(o, "error"));
+	o = find_action(&L, "save", 101);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_str_eq(str(o, "inflight"),
+			 want == CKPT_INFLIGHT_CANCEL ? "cancel" : "finish");
+	ck_assert(json_is_true(json_object_get(o, "deadline_met")));
+	lines_free(&L);
+}
+
+START_TEST(test_inflight_cancel)
+{
+	inflight_case(CKPT_INFLIGHT_CANCEL);
+}
+END_TEST
+
+START_TEST(test_inflight_finish)
+{
+	inflight_case(CKPT_INFLIGHT_FINISH);
+}
+END_TEST
+
+/* ckpt_watch_start probes what no save measured; saves measure. */
+START_TEST(test_probe_and_measure)
+{
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_plan(dir, 8 << 20);
+	ckpt_plan p;
+
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert(p.local_bps == 0);
+	ck_assert_int_eq(
+		ckpt_watch_start(
+			c, &(ckpt_watch_opts){ .flags = CKPT_WATCH_NO_METADATA,
+					       .time_scale = 1,
+					       .timeout_sec = 60,
+					       .upcoming_interval_ms = 1,
+					       .backoff_min_ms = 1,
+					       .backoff_max_ms = 1 }),
+		0);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert(p.local_bps > 0);
+	for (int k = 0; k < CKPT_CODEC_COUNT; k++) {
+		ck_assert(p.encode_bps[k] > 0);
+		ck_assert(p.ratio[k] > 0 && p.ratio[k] <= 1.0);
+	}
+	ck_assert_int_eq(p.deadline_met, -1);
+	/* a 4 MiB zstd save replaces zstd's probed ratio by its own */
+	{
+		double before = p.ratio[CKPT_CODEC_ZSTD];
+		ckpt_save_opts o;
+		static uint8_t zeros[4 << 20];
+		uint64_t shape[1] = { sizeof(zeros) };
+		ckpt_tensor t = { .name = "z",
+				  .dtype = CKPT_U8,
+				  .ndim = 1,
+				  .shape = shape,
+				  .data = zeros,
+				  .nbytes = sizeof(zeros) };
+
+		ckpt_save_opts_default(&o);
+		o.codec = CKPT_CODEC_ZSTD;
+		ck_assert_int_eq(ckpt_save_ex(c, 1, &t, 1, &o), 0);
+		ck_assert_int_eq(ckpt_wait(c), 0);
+		ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+		ck_assert(p.ratio[CKPT_CODEC_ZSTD] < 0.01);
+		ck_assert(p.ratio[CKPT_CODEC_ZSTD] != before);
+	}
+	ck_assert_int_eq(ckpt_close(c), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("plan");
@@ -396,6 +747,13 @@ int main(void)
 	tc = tu_tcase("policy", 120);
 	tcase_add_test(tc, test_stop_policy);
 	tcase_add_test(tc, test_continue_policy);
+	suite_add_tcase(s, tc);
+	tc = tu_tcase("plan", 120);
+	tcase_add_loop_test(tc, test_plan_codec, 0, 3);
+	tcase_add_test(tc, test_plan_explicit_codec);
+	tcase_add_test(tc, test_inflight_cancel);
+	tcase_add_test(tc, test_inflight_finish);
+	tcase_add_test(tc, test_probe_and_measure);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }
