@@ -125,6 +125,36 @@ static void set_time(json_t *o, const char *name, int64_t ns)
 		json_object_set_new(o, name, json_string(t));
 }
 
+void eng_watch_log_change(struct eng_watch *w, const char *key,
+			  const char *old, const char *val, const char *etag,
+			  int save, int64_t seen_ns, int64_t deadline_ns)
+{
+	json_t *o = json_object();
+
+	set_time(o, "time", seen_ns);
+	json_object_set_new(o, "source", json_string("metadata"));
+	json_object_set_new(o, "key", json_string(key));
+	json_object_set_new(o, "old", json_string(old));
+	json_object_set_new(o, "new", json_string(val));
+	json_object_set_new(o, "etag", json_string(etag));
+	json_object_set_new(o, "action", json_string(save ? "save" : "none"));
+	if (save)
+		set_time(o, "deadline", deadline_ns);
+	eng_event_log(w->c, o);
+}
+
+void eng_watch_log_sigterm(struct eng_watch *w, int64_t seen_ns,
+			   int64_t deadline_ns)
+{
+	json_t *o = json_object();
+
+	set_time(o, "time", seen_ns);
+	json_object_set_new(o, "source", json_string("sigterm"));
+	json_object_set_new(o, "action", json_string("save"));
+	set_time(o, "deadline", deadline_ns);
+	eng_event_log(w->c, o);
+}
+
 void eng_watch_save_log(struct ckpt *c)
 {
 	struct eng_watch *w = c->watch;

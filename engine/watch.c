@@ -250,6 +250,7 @@ int eng_watch_open(struct ckpt *c)
 		return r;
 	}
 	pthread_mutex_init(&w->mu, NULL);
+	w->c = c;
 	ckpt_watch_opts_default(&w->o);
 	atomic_store(&w->every_seconds, w->o.every_seconds);
 	atomic_store(&w->time_scale, 1);
@@ -377,13 +378,15 @@ void eng_watch_sigterm_seen(struct eng_watch *w)
 	ckpt_save_advice a;
 
 	if (!atomic_load(&w->sigterm_opted) ||
-	    atomic_exchange(&w->sig_seen, seq) == seq || !w->o.on_notice)
+	    atomic_exchange(&w->sig_seen, seq) == seq)
 		return;
 	t = atomic_load(&g_sig_ns);
 	fill_advice(&a, CKPT_REASON_SIGTERM,
 		    t + (int64_t)atomic_load(&w->sigterm_window_ms) * 1000000,
 		    t, seq);
-	w->o.on_notice(w->o.arg, &a);
+	if (w->o.on_notice)
+		w->o.on_notice(w->o.arg, &a);
+	eng_watch_log_sigterm(w, t, a.deadline_ns);
 }
 
 CKPT_API int ckpt_request_save(ckpt *c, int64_t deadline_ns)

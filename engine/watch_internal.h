@@ -36,6 +36,7 @@ struct eng_notice_slot {
 };
 
 struct eng_watch {
+	struct ckpt *c;  /* the handle (its journal) */
 	int notify_efd; /* readable on a notice (ckpt_watch_fd) */
 	int wake_efd;   /* wakes the watcher thread: stop, SIGTERM */
 
@@ -95,6 +96,15 @@ void eng_watch_raise(struct eng_watch *w, int slot, int64_t notice_ns,
 		     int64_t deadline_ns, int callback);
 /* Calls on_notice for a SIGTERM the thread has just seen. */
 void eng_watch_sigterm_seen(struct eng_watch *w);
+
+/* notice.c: journals a change of a watched key (the watcher thread):
+ * key, old and new value, ETag, and whether a save was asked for. */
+void eng_watch_log_change(struct eng_watch *w, const char *key,
+			  const char *old, const char *val, const char *etag,
+			  int save, int64_t seen_ns, int64_t deadline_ns);
+/* ... and a SIGTERM the watcher has seen. */
+void eng_watch_log_sigterm(struct eng_watch *w, int64_t seen_ns,
+			   int64_t deadline_ns);
 
 /* watch_md.c: the thread's body (arg: struct eng_watch *). */
 void *eng_watch_md_main(void *arg);

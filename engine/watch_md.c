@@ -233,8 +233,11 @@ static void accept_value(struct md *m, struct mdkey *k, const char *val)
 	struct eng_watch *w = m->w;
 	ckpt_watch_key *ik = &w->info.keys[k->idx];
 	int changed = !k->have_etag || strcmp(k->value, val) != 0;
-	int64_t now = eng_unix_ns(), start;
+	int64_t now = eng_unix_ns(), start, deadline = 0;
+	char old[sizeof(k->value)];
+	int slot = -1;
 
+	snprintf(old, sizeof(old), "%s", k->have_etag ? k->value : "");
 	snprintf(k->value, sizeof(k->value), "%s", val);
 	snprintf(k->etag, sizeof(k->etag), "%s", k->rx_etag);
 	k->have_etag = 1;
@@ -250,17 +253,23 @@ static void accept_value(struct md *m, struct mdkey *k, const char *val)
 	key_state(m, k, CKPT_WKEY_OK, NULL);
 	if (!changed)
 		return;
-	if (k->idx == K_MAINT && strcmp(val, "NONE"))
-		eng_watch_raise(w, W_MAINT, now,
-				now + ms_ns(w->o.maintenance_window_ms), 1);
-	else if (k->idx == K_PREEMPT && !strcmp(val, "TRUE"))
-		eng_watch_raise(w, W_PREEMPT, now,
-				now + ms_ns(w->o.preempted_window_ms), 1);
-	else if (k->idx == K_UPCOMING && upcoming_parse(val, &start) == 1 &&
-		 strcmp(k->noticed, val)) {
+	if (k->idx == K_MAINT && strcmp(val, "NONE")) {
+		slot = W_MAINT;
+		deadline = now + ms_ns(w->o.maintenance_window_ms);
+	} else if (k->idx == K_PREEMPT && !strcmp(val, "TRUE")) {
+		slot = W_PREEMPT;
+		deadline = now + ms_ns(w->o.preempted_window_ms);
+	} else if (k->idx == K_UPCOMING && upcoming_parse(val, &start) == 1 &&
+		   strcmp(k->noticed, val)) {
 		snprintf(k->noticed, sizeof(k->noticed), "%s", val);
-		eng_watch_raise(w, W_UPCOMING, now, start, 1);
+		slot = W_UPCOMING;
+		deadline = start;
 	}
+	if (slot >= 0)
+		eng_watch_raise(w, slot, now, deadline, 1);
+	/* after the notice is raised: the journal costs an fsync */
+	eng_watch_log_change(w, ik->key, old, val, k->etag, slot >= 0, now,
+			     deadline);
 }
 
 static void finish(struct md *m, struct mdkey *k, CURLcode res)

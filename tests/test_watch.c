@@ -167,19 +167,40 @@ static void fast_opts(ckpt_watch_opts *o)
 	o->backoff_max_ms = 200;
 }
 
+static const char *g_root; /* of the last open_handle() */
+
 static ckpt *open_handle(void)
 {
 	ckpt_settings s;
 	ckpt *c = NULL;
 
+	g_root = tu_tmpdir();
 	ckpt_settings_default(&s);
 	s.staging_bytes = 1 << 20;
 	s.chunk_bytes = 64 << 10;
 	s.threads = 1;
 	s.files_per_host = 1;
-	ck_assert_msg(ckpt_open(&c, tu_tmpdir(), &s) == 0, "%s",
-		      ckpt_errmsg(NULL));
+	ck_assert_msg(ckpt_open(&c, g_root, &s) == 0, "%s", ckpt_errmsg(NULL));
 	return c;
+}
+
+/* The journal's lines as one string (ckpt_events_read). */
+static int cat_line(void *arg, uint32_t host, const char *line)
+{
+	char **all = arg;
+	char *n = tu_path("%s%u %s\n", *all ? *all : "", host, line);
+
+	free(*all);
+	*all = n;
+	return 0;
+}
+
+static char *journal(const char *root)
+{
+	char *all = NULL;
+
+	ck_assert_int_eq(ckpt_events_read(root, cat_line, &all), 0);
+	return all ? all : tu_path("%s", "");
 }
 
 /* Saves a small tensor as `step` with `reason` and waits for it. */
@@ -421,6 +442,32 @@ START_TEST(test_maintenance_event)
 	ck_assert_uint_eq(st.keys[0].errors, 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	md_stop(&s);
+
+	/* every change is in the journal, with the action it led to */
+	{
+		char *j = journal(g_root);
+
+		ck_assert_msg(
+			strstr(j, "\"key\":\"" ME "\",\"old\":\"NONE\","
+				  "\"new\":\"TERMINATE_ON_HOST_MAINTENANCE\","
+				  "\"etag\":\""),
+			"%s", j);
+		ck_assert_msg(strstr(j,
+				     "\"new\":\"MIGRATE_ON_HOST_MAINTENANCE\""),
+			      "%s", j);
+		ck_assert_msg(
+			strstr(j, "\"old\":\"TERMINATE_ON_HOST_MAINTENANCE\","
+				  "\"new\":\"NONE\",\"etag\":"),
+			"%s", j);
+		ck_assert_msg(strstr(j, "\"action\":\"none\""), "%s", j);
+		ck_assert_msg(strstr(j, "\"action\":\"save\",\"deadline\":"),
+			      "%s", j);
+		/* the save of step 6 answered the notice */
+		ck_assert_msg(strstr(j,
+				     "\"reason\":\"maintenance\",\"step\":6"),
+			      "%s", j);
+		free(j);
+	}
 }
 END_TEST
 
