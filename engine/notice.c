@@ -125,9 +125,9 @@ static void set_time(json_t *o, const char *name, int64_t ns)
 		json_object_set_new(o, name, json_string(t));
 }
 
-void eng_watch_log_change(struct eng_watch *w, const char *key,
-			  const char *old, const char *val, const char *etag,
-			  int save, int64_t seen_ns, int64_t deadline_ns)
+void eng_watch_log_change(struct eng_watch *w, const char *key, const char *old,
+			  const char *val, const char *etag, int save,
+			  int64_t seen_ns, int64_t deadline_ns)
 {
 	json_t *o = json_object();
 
