@@ -39,13 +39,6 @@
 
 #include "ckpt.h"
 
-#ifdef CKPT_EXIT_RESTART /* TEMPORARY until h-plan's API lands */
-#define HAVE_STOP 1
-#else
-#define HAVE_STOP 0
-#define CKPT_EXIT_RESTART 75
-#endif
-
 struct toy {
 	/* options */
 	uint64_t mib, steps, step_ms, every_steps;
@@ -56,7 +49,6 @@ struct toy {
 	uint64_t n, step;
 	ckpt *c;
 	const char *location;
-	int notice_saved; /* without ckpt_should_stop: a notice's save done */
 };
 
 static const char usage[] =
@@ -245,17 +237,6 @@ static void save(struct toy *t, const ckpt_save_advice *a)
 	if ((rc = ckpt_wait(t->c)))
 		die("save", rc, t->c);
 	printf("toy: durable %" PRIu64 " %.1f\n", t->step, now_ms() - t0);
-	t->notice_saved = 1;
-}
-
-static int should_stop(const struct toy *t)
-{
-#if HAVE_STOP
-	(void)t->notice_saved;
-	return ckpt_should_stop(t->c);
-#else
-	return t->notice_saved;
-#endif
 }
 
 static uint64_t num(const char *opt, const char *v)
@@ -393,7 +374,7 @@ int main(int argc, char **argv)
 		printf("toy: step %" PRIu64 " %.3f\n", s, now_ms() - t0);
 		if (t.c && ckpt_should_save(t.c, s, &a))
 			save(&t, &a);
-		if (t.c && should_stop(&t)) {
+		if (t.c && ckpt_should_stop(t.c)) {
 			printf("toy: stop %" PRIu64 "\n", s);
 			if (ckpt_close(t.c))
 				die("close", 1, NULL);

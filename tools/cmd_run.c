@@ -54,15 +54,8 @@
 #include "ckpt.h"
 #include "cli.h"
 
-/* How long a restart waits for the watcher's first answers. */
+/* How long a restart waits for the watcher's first (or a fresh) answer. */
 #define FIRST_REPLY_NS (5 * (int64_t)1000000000)
-
-#ifdef CKPT_EXIT_RESTART /* TEMPORARY until h-plan's journal API lands */
-#define HAVE_JOURNAL 1
-#else
-#define HAVE_JOURNAL 0
-#define CKPT_EXIT_RESTART 75
-#endif
 
 static const char help_run[] =
 	"Usage: ckptctl run [OPTIONS] -- CMD [ARGS...]\n"
@@ -82,7 +75,7 @@ static const char help_run[] =
 	"       failure; while the metadata server still announces a stop\n"
 	"       (maintenance-event not NONE, preempted TRUE, an upcoming window\n"
 	"       scheduled) run waits for it to clear, since the VM is about to\n"
-	"       stop anyway\n"
+	"       stop anyway (without an answer from the server, 5 s at most)\n"
 	"  else a failure (any other status, or killed by a signal): restarted\n"
 	"       after a backoff that doubles from MIN to MAX seconds, each delay\n"
 	"       drawn in [d/2, d]\n"
@@ -149,11 +142,7 @@ static void journal(const struct run *r, const char *action, json_t *fields)
 	json_decref(j);
 	if (!line)
 		cli_jcheck(NULL);
-#if HAVE_JOURNAL
 	rc = ckpt_event_append(r->location, r->host, line);
-#else
-	rc = 0;
-#endif
 	if (rc)
 		cli_err("cannot write the event journal at %s: %s", r->location,
 			cli_libmsg(ckpt_errmsg(NULL), rc));
@@ -368,8 +357,8 @@ static int window_scheduled(const char *v)
 }
 
 /* 1 with `why` set while the metadata server announces a stop, 0 when it
- * does not, -1 when the watcher has no answer (not on GCE), -2 when it
- * is still waiting for its first reply. */
+ * does not, -1 when the watcher has no answer (not on GCE), -2 when a key
+ * has not answered yet or is failing now (its value may be stale). */
 static int stop_announced(const struct run *r, char *why, size_t len)
 {
 	ckpt_watch_info in;
@@ -383,7 +372,9 @@ static int stop_announced(const struct run *r, char *why, size_t len)
 
 		if (k->state == CKPT_WKEY_ABSENT)
 			known = 1;
-		if (k->state == CKPT_WKEY_UNKNOWN && !k->errors)
+		/* not answered yet, or failing now: its value may be old */
+		if ((k->state == CKPT_WKEY_UNKNOWN && !k->errors) ||
+		    k->state == CKPT_WKEY_ERROR)
 			asking = 1;
 		if (!k->ok_ns)
 			continue; /* never answered */
@@ -399,7 +390,9 @@ static int stop_announced(const struct run *r, char *why, size_t len)
 			return 1;
 		}
 	}
-	return known ? 0 : asking && in.running ? -2 : -1;
+	if (asking && in.running)
+		return -2;
+	return known ? 0 : -1;
 }
 
 /* After an exit 75: waits while a stop is announced. 1 if SIGTERM/SIGINT
@@ -410,8 +403,8 @@ static int wait_stop_over(struct run *r)
 	char why[300];
 	int said = 0, a;
 
-	/* a child that stopped right after run started: let the watcher
-	 * get its first answers */
+	/* a child that stopped right after run started, or a key failing
+	 * just now: give the watcher a moment to get a fresh answer */
 	while ((a = stop_announced(r, why, sizeof(why))) == -2 &&
 	       cli_now_ns() < first)
 		if (nap(r, 0.05))
