@@ -54,6 +54,10 @@
 #include "ckpt.h"
 #include "cli.h"
 
+/* run's watcher retries a failing key within this, so the answer it
+ * needs after a 75 is fresh (a local server: one request a key at most
+ * every 2 s while failing). */
+#define RUN_BACKOFF_MAX_MS 2000
 /* How long a restart waits for the watcher's first (or a fresh) answer. */
 #define FIRST_REPLY_NS (5 * (int64_t)1000000000)
 
@@ -90,6 +94,8 @@ static const char help_run[] =
 	"  -b, --backoff MIN[,MAX]  seconds (default 1,60)\n"
 	"  -l, --location LOC       checkpoint location (DIR or gs://BUCKET/PREFIX)\n"
 	"  -H, --host N             this host's index, for the journal (default 0)\n"
+	"  -u, --upcoming-poll MS   how often run's own watcher asks\n"
+	"                           instance/upcoming-maintenance (default 60000)\n"
 	"  -h, --help               show this help\n"
 	"\n"
 	"Exit status: 0 the command finished, 1 gave up after too many failures\n"
@@ -563,6 +569,7 @@ static int cmd_run(int argc, char **argv)
 		{ "backoff", required_argument, NULL, 'b' },
 		{ "location", required_argument, NULL, 'l' },
 		{ "host", required_argument, NULL, 'H' },
+		{ "upcoming-poll", required_argument, NULL, 'u' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 }
 	};
@@ -572,13 +579,14 @@ static int cmd_run(int argc, char **argv)
 			 .sigfd = -1 };
 	const char *id = getenv("CKPT_RUN_ID");
 	ckpt_watch_opts wo;
+	uint32_t upcoming_ms = 60000;
 	uint64_t v, rnd[2] = { 0, 0 };
 	sigset_t block;
 	int c, st, ret;
 
 	/* "+": stop at the first operand, so CMD's options stay its own */
-	while ((c = cli_getopt(argc, argv, "+:n:b:l:H:h", opts, help_run, NULL,
-			       &st)) != -1) {
+	while ((c = cli_getopt(argc, argv, "+:n:b:l:H:u:h", opts, help_run,
+			       NULL, &st)) != -1) {
 		switch (c) {
 		case 'n':
 			if (cli_parse_u64(optarg, &r.max_failures, 0))
@@ -598,6 +606,13 @@ static int cmd_run(int argc, char **argv)
 			if (cli_parse_u64(optarg, &v, 0) || v > UINT32_MAX)
 				return cli_usage("bad --host '%s'", optarg);
 			r.host = (uint32_t)v;
+			break;
+		case 'u':
+			if (cli_parse_u64(optarg, &v, 0) || !v ||
+			    v > UINT32_MAX)
+				return cli_usage("bad --upcoming-poll '%s'",
+						 optarg);
+			upcoming_ms = (uint32_t)v;
 			break;
 		case CLI_OPT_EXIT:
 			return st;
@@ -631,6 +646,8 @@ static int cmd_run(int argc, char **argv)
 	}
 	ckpt_watch_opts_default(&wo);
 	wo.every_seconds = 0;
+	wo.upcoming_interval_ms = upcoming_ms;
+	wo.backoff_max_ms = RUN_BACKOFF_MAX_MS;
 	if (cli_watcher_open(&wo, &r.watch, &r.watch_tmp))
 		cli_err("restarting without waiting for announced stops");
 	ret = supervise(&r);
