@@ -769,6 +769,7 @@ START_TEST(test_run_gives_up)
 	const char *list[] = { CKPTCTL(), "events", loc, NULL };
 	struct md_server s;
 	struct journal j = { .reason = "-" };
+	struct gt_server fs;
 	int st;
 
 	md_start(&s);
@@ -789,6 +790,20 @@ START_TEST(test_run_gives_up)
 	ck_assert_ptr_nonnull(strstr(text, "run       restart"));
 	ck_assert_ptr_nonnull(strstr(text, " exit=1"));
 	free(text);
+
+	/* the same journal on gs:// alone: one failure, no restart */
+	gt_server_start(&fs, "maint");
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	argv[7] = list[2] = "gs://maint/run1"; /* -l */
+	argv[3] = "0";                         /* -n */
+	st = wait_exit(spawn(argv, out, err, 1), "ckptctl run (gs://)");
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x", st);
+	st = wait_exit(spawn(list, ev, err, 1), "ckptctl events (gs://)");
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	text = slurp(ev);
+	ck_assert_ptr_nonnull(strstr(text, "run       give-up"));
+	free(text);
+	gt_server_stop(&fs);
 	md_stop(&s);
 	free(loc);
 	free(out);
