@@ -378,6 +378,8 @@ int main(int argc, char **argv)
 			printf("toy: stop %" PRIu64 "\n", s);
 			if (ckpt_close(t.c))
 				die("close", 1, NULL);
+			free(t.w);
+			free(t.m);
 			return CKPT_EXIT_RESTART;
 		}
 		if (t.step_ms) {

@@ -79,7 +79,7 @@ static const char help_run[] =
 	"       failure; while the metadata server still announces a stop\n"
 	"       (maintenance-event not NONE, preempted TRUE, an upcoming window\n"
 	"       scheduled) run waits for it to clear, since the VM is about to\n"
-	"       stop anyway (without an answer from the server, 5 s at most)\n"
+	"       stop anyway (it waits 5 s at most for a fresh answer)\n"
 	"  else a failure (any other status, or killed by a signal): restarted\n"
 	"       after a backoff that doubles from MIN to MAX seconds, each delay\n"
 	"       drawn in [d/2, d]\n"
@@ -248,9 +248,11 @@ static int take_signal(struct run *r, pid_t child)
 		cli_err("SIG%s: forwarded to pid %d; no restart after it",
 			sig_name((int)si.ssi_signo), (int)child);
 		kill(child, (int)si.ssi_signo);
-	} else {
+	} else if (child > 0) {
 		cli_err("SIG%s: no restart after pid %d",
 			sig_name((int)si.ssi_signo), (int)child);
+	} else {
+		cli_err("SIG%s: no more restarts", sig_name((int)si.ssi_signo));
 	}
 	return (int)si.ssi_signo;
 }
@@ -364,8 +366,10 @@ static int window_scheduled(const char *v)
 
 /* 1 with `why` set while the metadata server announces a stop, 0 when it
  * does not, -1 when the watcher has no answer (not on GCE), -2 when a key
- * has not answered yet or is failing now (its value may be stale). */
-static int stop_announced(const struct run *r, char *why, size_t len)
+ * has not answered yet, is failing now or was last polled before `since`
+ * (unix ns): its value may be stale. */
+static int stop_announced(const struct run *r, int64_t since, char *why,
+			  size_t len)
 {
 	ckpt_watch_info in;
 	int known = 0, asking = 0;
@@ -381,6 +385,11 @@ static int stop_announced(const struct run *r, char *why, size_t len)
 		/* not answered yet, or failing now: its value may be old */
 		if ((k->state == CKPT_WKEY_UNKNOWN && !k->errors) ||
 		    k->state == CKPT_WKEY_ERROR)
+			asking = 1;
+		/* a polled key answers for the present only if asked after
+		 * `since` (a long-poll that is up is always current) */
+		if (!strcmp(k->key, "instance/upcoming-maintenance") &&
+		    k->state == CKPT_WKEY_OK && k->ok_ns < since)
 			asking = 1;
 		if (!k->ok_ns)
 			continue; /* never answered */
@@ -405,17 +414,19 @@ static int stop_announced(const struct run *r, char *why, size_t len)
  * came meanwhile. */
 static int wait_stop_over(struct run *r)
 {
-	int64_t first = cli_now_ns() + FIRST_REPLY_NS;
+	int64_t exited = cli_now_ns(), first = exited + FIRST_REPLY_NS;
 	char why[300];
 	int said = 0, a;
 
-	/* a child that stopped right after run started, or a key failing
-	 * just now: give the watcher a moment to get a fresh answer */
-	while ((a = stop_announced(r, why, sizeof(why))) == -2 &&
+	/* a child that stopped right after run started, a key failing just
+	 * now, upcoming-maintenance not asked since the child stopped (the
+	 * child may have seen a window run has not): give the watcher a
+	 * moment to get a fresh answer */
+	while ((a = stop_announced(r, exited, why, sizeof(why))) == -2 &&
 	       cli_now_ns() < first)
 		if (nap(r, 0.05))
 			return 1;
-	for (; a == 1; a = stop_announced(r, why, sizeof(why))) {
+	for (; a == 1; a = stop_announced(r, exited, why, sizeof(why))) {
 		if (!said)
 			cli_err("waiting to restart: %s (the VM is about to "
 				"stop)",
