@@ -51,7 +51,7 @@
 #define UM "instance/upcoming-maintenance"
 #define PATIENCE_S 60.0
 #define STEPS 80
-#define MAX_STEPS 200
+#define MAX_STEPS 300
 #define WINDOW_MS 6000
 
 /* ---- time, paths ---- */
@@ -592,7 +592,7 @@ static void scenario(enum stop_kind kind, int with_faults)
 	char *loc = tu_path("%s/ckpt", dir), *out = tu_path("%s/toy.out", dir),
 	     *err = tu_path("%s/run.err", dir), ref[32], steps[16], win[16],
 	     *log;
-	unsigned nsteps = with_faults ? 140 : STEPS;
+	unsigned nsteps = with_faults ? 240 : STEPS;
 	const char *argv[40];
 	struct md_server s;
 	struct toylog t;
@@ -610,6 +610,12 @@ static void scenario(enum stop_kind kind, int with_faults)
 	log_wait(out, "toy: step 20 ");
 	if (with_faults)
 		faults(&s, out, 20);
+	parse_toy(out, &t);
+	for (unsigned i = nsteps - 30; i <= nsteps; i++)
+		ck_assert_msg(!t.count[i],
+			      "the toy reached step %u before "
+			      "the notice: too slow a machine for this test",
+			      i);
 	deadline = announce(&s, kind, run);
 	sleep_s(deadline - now_s());
 	/* the VM stops now: a toy still running loses its steps */
