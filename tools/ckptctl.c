@@ -23,8 +23,9 @@
 
 /* In the order `ckptctl --help` lists them. */
 static const struct cli_command *const commands[] = {
-	&cli_cmd_ls,     &cli_cmd_inspect, &cli_cmd_verify, &cli_cmd_restore,
-	&cli_cmd_push,   &cli_cmd_export,  &cli_cmd_import, &cli_cmd_gc,
+	&cli_cmd_ls,    &cli_cmd_inspect, &cli_cmd_verify, &cli_cmd_restore,
+	&cli_cmd_push,  &cli_cmd_export,  &cli_cmd_import, &cli_cmd_gc,
+	&cli_cmd_watch, &cli_cmd_events,  &cli_cmd_run,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

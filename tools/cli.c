@@ -10,6 +10,7 @@
  * through the public API. Nothing here knows about any one command.
  */
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -229,6 +230,29 @@ const char *cli_fmt_time(int64_t ns, char *buf, size_t len)
 		return buf;
 	}
 	strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+	return buf;
+}
+
+int64_t cli_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+const char *cli_fmt_time_ms(int64_t ns, char *buf, size_t len)
+{
+	time_t sec = (time_t)(ns / 1000000000);
+	struct tm tm;
+	char s[32];
+
+	if (ns <= 0 || !gmtime_r(&sec, &tm)) {
+		snprintf(buf, len, "-");
+		return buf;
+	}
+	strftime(s, sizeof(s), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%03dZ", s, (int)(ns / 1000000 % 1000));
 	return buf;
 }
 
@@ -565,4 +589,64 @@ const char *cli_kind_name(int kind)
 	default:
 		return "?";
 	}
+}
+
+/* ------------------------------------------------------------------ */
+/* A handle for the watcher alone                                     */
+/* ------------------------------------------------------------------ */
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+		    struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+int cli_watcher_open(const ckpt_watch_opts *o, ckpt **out, char **tmpdir)
+{
+	const char *base = getenv("TMPDIR");
+	ckpt_settings s;
+	char *dir;
+	int rc;
+
+	*out = NULL;
+	*tmpdir = NULL;
+	if (asprintf(&dir, "%s/ckptctl-watch.XXXXXX",
+		     base && *base ? base : "/tmp") < 0) {
+		cli_err("out of memory");
+		return -1;
+	}
+	if (!mkdtemp(dir)) {
+		cli_err("%s: %s", dir, strerror(errno));
+		free(dir);
+		return -1;
+	}
+	*tmpdir = dir;
+	ckpt_settings_default(&s);
+	s.staging_bytes = 0;
+	rc = ckpt_open(out, dir, &s);
+	if (rc == 0) {
+		rc = ckpt_watch_start(*out, o);
+		if (rc)
+			cli_err("cannot start the watcher: %s",
+				cli_libmsg(ckpt_errmsg(NULL), rc));
+	} else {
+		cli_err("%s", cli_libmsg(ckpt_errmsg(NULL), rc));
+	}
+	if (rc) {
+		cli_watcher_close(*out, dir);
+		*out = NULL;
+		*tmpdir = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+void cli_watcher_close(ckpt *c, char *tmpdir)
+{
+	ckpt_close(c);
+	if (tmpdir)
+		nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	free(tmpdir);
 }

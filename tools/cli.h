@@ -42,7 +42,7 @@ struct cli_command {
 /* The commands, one per cmd_NAME.c; listed in ckptctl.c. */
 extern const struct cli_command cli_cmd_ls, cli_cmd_inspect, cli_cmd_verify,
 	cli_cmd_restore, cli_cmd_export, cli_cmd_import, cli_cmd_gc,
-	cli_cmd_push;
+	cli_cmd_push, cli_cmd_watch, cli_cmd_events, cli_cmd_run;
 
 /* Name of the running command, for "ckptctl: CMD: message"; set by main. */
 extern const char *cli_cmd_name;
@@ -133,11 +133,26 @@ const char *cli_kind_name(int kind);
 /* ckpt_reason_name, "unspecified" for a number this build does not know. */
 const char *cli_reason_name(int reason);
 
+/*
+ * A handle that saves nothing, only to run the maintenance watcher with
+ * options `o` (NULL: defaults): opened without a staging pool on a private
+ * empty directory (what the library writes there, such as the journal of
+ * the notices it sees, is removed with it by cli_watcher_close). Prints
+ * the library's message on failure; 0 or -1.
+ */
+int cli_watcher_open(const ckpt_watch_opts *o, ckpt **out, char **tmpdir);
+/* Closes the handle and removes its directory; accepts NULLs. */
+void cli_watcher_close(ckpt *c, char *tmpdir);
+
 /* ---- Formatting (into the caller's buffer, which is returned) ---- */
 
 const char *cli_fmt_size(uint64_t v, char *buf, size_t len);
 const char *cli_fmt_ratio(uint64_t raw, uint64_t stored, char *buf, size_t len);
 const char *cli_fmt_time(int64_t ns, char *buf, size_t len);
+/* CLOCK_REALTIME in ns. */
+int64_t cli_now_ns(void);
+/* RFC 3339 UTC with milliseconds (2026-12-03T08:00:01.123Z); "-" if 0. */
+const char *cli_fmt_time_ms(int64_t ns, char *buf, size_t len);
 const char *cli_fmt_shape(const uint64_t *shape, uint32_t ndim, char *buf,
 			  size_t len);
 
