@@ -191,6 +191,7 @@ CKPT_API void ckpt_watch_opts_default(ckpt_watch_opts *o)
 	o->sigterm_window_ms = 300000;
 	o->pod_interval_ms = 1000;
 	o->pod_slack_ms = 2000;
+	o->upcoming_lead_s = 600;
 }
 
 static int check_opts(const ckpt_watch_opts *o)
@@ -202,9 +203,6 @@ static int check_opts(const ckpt_watch_opts *o)
 			return eng_err(NULL, -EINVAL,
 				       "watch opts.reserved[%zu] must be zero",
 				       i);
-	if (o->reserved32)
-		return eng_err(NULL, -EINVAL,
-			       "watch opts.reserved32 must be zero");
 	if (o->after_save != CKPT_AFTER_STOP &&
 	    o->after_save != CKPT_AFTER_CONTINUE)
 		return eng_err(NULL, -EINVAL,
@@ -418,6 +416,19 @@ static int64_t sort_key(int64_t deadline)
 	return deadline ? deadline : INT64_MAX;
 }
 
+/* An upcoming window is due only upcoming_lead_s before it starts; every
+ * other notice at once. vDSO clock only (the training loop asks). */
+int eng_watch_slot_due(const struct eng_watch *w, int slot)
+{
+	int64_t dl, lead;
+
+	if (slot != W_UPCOMING || !w->o.upcoming_lead_s)
+		return 1;
+	dl = atomic_load(&w->slot[slot].deadline_ns);
+	lead = (int64_t)w->o.upcoming_lead_s * 1000000000;
+	return dl <= 0 || eng_unix_ns() >= dl - lead;
+}
+
 CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			      ckpt_save_advice *advice)
 {
@@ -446,8 +457,9 @@ CKPT_API int ckpt_should_save(const ckpt *c, uint64_t step,
 			atomic_load_explicit(&s->seq, memory_order_acquire);
 		int64_t dl;
 
-		if (seq ==
-		    atomic_load_explicit(&s->acked, memory_order_relaxed))
+		if (seq == atomic_load_explicit(&s->acked,
+						memory_order_relaxed) ||
+		    !eng_watch_slot_due(w, i))
 			continue;
 		dl = atomic_load(&s->deadline_ns);
 		if (best < 0 || sort_key(dl) < sort_key(best_dl)) {

@@ -91,6 +91,9 @@ int64_t eng_sigterm_ns(void);
 /* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
 int64_t eng_unix_ns(void);
 int64_t eng_mono_ns(void);
+/* 0 while slot's notice is not due yet (an upcoming window more than
+ * upcoming_lead_s ahead), else 1. */
+int eng_watch_slot_due(const struct eng_watch *w, int slot);
 /* Raises a notice on slot `slot` (watcher thread or ckpt_request_save):
  * stores the deadline, bumps the sequence, wakes the notify fd. Calls
  * on_notice when `callback` (never from a signal handler). */

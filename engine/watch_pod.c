@@ -563,6 +563,10 @@ static int pod_local(struct eng_pod *p, struct pod_req *r,
 		int64_t dl = atomic_load(&w->slot[i].deadline_ns);
 
 		seqs[i] = atomic_load(&w->slot[i].seq);
+		if (!eng_watch_slot_due(w, i)) { /* a window days ahead */
+			seqs[i] = p->seen[i];
+			continue;
+		}
 		if (seqs[i] == p->seen[i] ||
 		    seqs[i] == atomic_load(&w->slot[i].acked) ||
 		    (best >= 0 && dl_key(dl) >= dl_key(r->deadline_ns)))

@@ -852,7 +852,12 @@ typedef struct ckpt_watch_opts {
 	/* What the loop is told once the save a notice asked for is durable
 	 * (enum ckpt_after_save). Default CKPT_AFTER_STOP. */
 	int32_t after_save;
-	uint32_t reserved32;      /* must be zero */
+	/* An upcoming-maintenance window (its start days ahead, maybe) is
+	 * due only upcoming_lead_s seconds before it starts (default 600;
+	 * 0: at once): training goes on until then, and the save that
+	 * follows (and, under CKPT_AFTER_STOP, the stop) lands just before
+	 * the window. A window closer than that is due at once. */
+	uint32_t upcoming_lead_s;
 	/* Pod agreement (host_count > 1 and a gs:// location or remote,
 	 * unless CKPT_WATCH_NO_POD; SPEC.md "Pod save requests"): every
 	 * pod_interval_ms (default 1000; 0 = default) each host reads the

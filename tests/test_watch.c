@@ -634,10 +634,34 @@ START_TEST(test_upcoming)
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 0);
 	ck_assert_uint_eq(key_info(c, 2).errors, 0);
 
+	/* A window years ahead is seen but not due: training goes on until
+	 * upcoming_lead_s (default 600) before it starts. One 5 minutes
+	 * ahead is due at once, its start the deadline. */
+	md_set(&s, UM, win);
+	while (!strstr(key_info(c, 2).value, "2031-01-02T03:04:05Z"))
+		usleep(1000);
+	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 0);
+	{
+		time_t soon = time(NULL) + 300;
+		char when[32], near[256];
+
+		strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ",
+			 gmtime(&soon));
+		snprintf(near, sizeof(near),
+			 "{\"type\": \"SCHEDULED\", \"maintenance_status\": "
+			 "\"PENDING\", \"window_start_time\": \"%s\"}",
+			 when);
+		md_set(&s, UM, near);
+		wait_advice(c, &a, 0);
+		ck_assert_int_eq(a.reason, CKPT_REASON_UPCOMING);
+		ck_assert_int_eq(a.deadline_ns, (int64_t)soon * 1000000000);
+	}
+
 	ck_assert_int_eq(ckpt_close(c), 0);
 	md_stop(&s);
 	md_start(&s, NULL, NULL);
 	c = open_handle();
+	o.upcoming_lead_s = UINT32_MAX; /* any window is due at once */
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
 	snprintf(body, sizeof(body), "{\"key\": \"%s\", \"status\": 503}", UM);
 	md_post(&s, "set", body);
