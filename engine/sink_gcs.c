@@ -72,6 +72,7 @@
 #define UP_PIECE (8u << 20) /* pread size when reading local files */
 
 enum { ST_LIVE, ST_BACKGROUND, ST_DONE, ST_FAILED };
+enum { FM_LIVE, FM_FILE }; /* where a file's next bytes come from */
 enum { CMD_NONE, CMD_CHECK, CMD_FINISH, CMD_PUBLISH };
 
 typedef struct up_file {
@@ -87,6 +88,10 @@ typedef struct up_file {
 	XXH3_state_t *xs; /* of [0, appended) when reading the file */
 	uint8_t *bounce;  /* live: small chunks copied (live_append) */
 	size_t blen;
+	int mode;            /* FM_*: staged buffers, or the local file */
+	uint64_t mark;       /* FM_FILE: the local file has [0, mark) */
+	uint64_t staged_end; /* end of the last staged buffer appended */
+	int finishing;       /* gcs_upload_finish was called */
 	int fd;
 	int done;
 } up_file;
@@ -98,6 +103,8 @@ typedef struct up_step {
 	int state;
 	int index_done;
 	char *error; /* journaled once the step failed */
+	int dropped; /* live: uploads given up, resumed from the files */
+	int stopped; /* live: no more chunks (lag): the rest from the files */
 	struct up_step *next;
 } up_step;
 
@@ -111,6 +118,8 @@ typedef struct up_item {
 typedef struct up_rel {
 	struct gcs_sink *s;
 	eng_buf *b;
+	int inuse; /* b is in an upload's segments */
+	int post;  /* the save ended: b goes back to the pool, not the sink */
 } up_rel;
 
 typedef struct gcs_sink {
@@ -130,7 +139,16 @@ typedef struct gcs_sink {
 	up_item *q;
 	unsigned qcap, qhead, qn;
 	up_rel *rel; /* one per pool buffer */
-	int handover, detach, stop;
+	/* live, FM_FILE: chunks held until the local file has them (put()
+	 * adds, the upload thread drains; under mu), and per file the
+	 * offset from which its chunks come that way (UINT64_MAX: none) */
+	eng_buf **fifo;
+	unsigned fhead, fn;
+	uint64_t *from_file;
+	unsigned switch_at; /* held buffers at which a file goes FM_FILE */
+	unsigned fcap;
+	atomic_uint npost; /* staged buffers held past their save (post) */
+	int handover, detach, stop, reclaim;
 	eng_job *ho_job; /* handover: valid until acknowledged */
 	int ho_keep;
 	/* gs:// alone (sink 0): the writer's finish and publish, run by the
@@ -148,6 +166,7 @@ typedef struct gcs_sink {
 	ckpt_upload_status st;
 	unsigned pending;
 	char err[ENG_ERRMSG_MAX];
+	int unreported; /* a step failed and no save has said so yet */
 } gcs_sink;
 
 static const eng_sink_ops gcs_sink_ops;
@@ -207,7 +226,11 @@ static int step_name_file(gcs_sink *s, up_step *u, uint32_t i, const char *name,
 	snprintf(u->f[i].name, sizeof(u->f[i].name), "%s", name);
 	u->f[i].size = size;
 	u->f[i].object = object_name(s, u->step, name);
-	return u->f[i].object ? 0 : -ENOMEM;
+	u->f[i].xs = XXH3_createState();
+	if (!u->f[i].object || !u->f[i].xs)
+		return -ENOMEM;
+	XXH3_64bits_reset(u->f[i].xs);
+	return 0;
 }
 
 /* ---- journal ------------------------------------------------------- */
@@ -293,6 +316,7 @@ static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 	snprintf(s->st.msg, sizeof(s->st.msg), "step %" PRIu64 ": %s", u->step,
 		 msg);
 	snprintf(s->err, sizeof(s->err), "%s", s->st.msg);
+	s->unreported = 1;
 	pthread_mutex_unlock(&s->mu);
 	pthread_mutex_lock(&c->mu);
 	s->base.status = r;
@@ -307,8 +331,52 @@ static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 static void release_staged(void *arg)
 {
 	up_rel *r = arg;
+	gcs_sink *s = r->s;
 
-	eng_sink_release(&r->s->base, r->b);
+	r->inuse = 0;
+	if (!r->post) {
+		eng_sink_release(&s->base, r->b);
+		return;
+	}
+	/* held past its save (post_save): straight back to the pool */
+	r->post = 0;
+	atomic_fetch_sub(&s->npost, 1);
+	eng_buf_unref(s->base.c, r->b);
+	eng_writer_wake(s->base.c);
+}
+
+/* Writer: a step whose upload failed since a save last said so is named
+ * in the handle's message (the save itself went well); the upload status
+ * keeps the failure (ckpt_upload_status_get). */
+static void report_failure(gcs_sink *s)
+{
+	struct ckpt *c = s->base.c;
+	char m[ENG_ERRMSG_MAX];
+	int r;
+
+	pthread_mutex_lock(&s->mu);
+	r = s->unreported ? s->st.status : 0;
+	snprintf(m, sizeof(m), "%s", s->err);
+	s->unreported = 0;
+	pthread_mutex_unlock(&s->mu);
+	if (!r)
+		return;
+	pthread_mutex_lock(&c->mu);
+	eng_err(c->errmsg, 0,
+		"the upload to %s failed (%s), %.300s; it stays journaled "
+		"under %s/.upload and resumes at the next ckpt_open",
+		s->remote, ckpt_strerror(r), m, c->root);
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* Writer: the upload thread acts on one flag set under mu (handover,
+ * reclaim) and clears it; wait for that. */
+static void ask_upload_thread(gcs_sink *s, int *flag)
+{
+	*flag = 1;
+	gcs_wakeup(s->gc);
+	while (*flag)
+		pthread_cond_wait(&s->cv, &s->mu);
 }
 
 static void q_put(gcs_sink *s, const uint8_t *p, size_t len, uint32_t file,
@@ -355,6 +423,8 @@ static int gs_begin(eng_sink *es, eng_job *job)
 		r = direct_cmd(s, job, CMD_CHECK, NULL, 0);
 		if (r < 0)
 			return r;
+	} else {
+		report_failure(s);
 	}
 	u = step_new(s, job->step, job->nfiles);
 	if (!u)
@@ -376,7 +446,32 @@ static int gs_begin(eng_sink *es, eng_job *job)
 		s->q = nq;
 		s->qcap = cap;
 	}
+	if (s->fcap < cap) {
+		eng_buf **nf = realloc(s->fifo, cap * sizeof(*nf));
+
+		if (!nf) {
+			pthread_mutex_unlock(&s->mu);
+			step_free(u);
+			return -ENOMEM;
+		}
+		s->fifo = nf;
+		s->fcap = cap;
+	}
+	free(s->from_file);
+	s->from_file = malloc(job->nfiles * sizeof(*s->from_file));
+	if (!s->from_file) {
+		pthread_mutex_unlock(&s->mu);
+		step_free(u);
+		return -ENOMEM;
+	}
+	for (f = 0; f < job->nfiles; f++)
+		s->from_file[f] = UINT64_MAX;
+	/* buffers of the last save still held: this save needs the pool
+	 * (the uploads holding them go on from the local files) */
+	if (atomic_load(&s->npost))
+		ask_upload_thread(s, &s->reclaim);
 	s->qhead = s->qn = 0;
+	s->fhead = s->fn = 0;
 	s->handover = s->detach = 0;
 	s->live = u;
 	s->live_job = job;
@@ -397,48 +492,79 @@ static int gs_begin(eng_sink *es, eng_job *job)
 	return 0;
 }
 
+/*
+ * The sink streams the staged buffers while the server keeps up. Once it
+ * holds switch_at of them (the network is slower than the disk), the
+ * file of the chunk goes to the local file: from then on its chunks are
+ * held only until the local sink has written them (the other references
+ * are gone: refs == 1; not counted as the sink's, they are the local
+ * sink's lag), and the upload reads them from the file. So the sink is
+ * not detached for lagging, nothing already sent is dropped, and the
+ * upload runs all through the save.
+ */
 static void gs_put(eng_sink *es, eng_buf *b)
 {
 	gcs_sink *s = (gcs_sink *)es;
 
+	if (!s->direct) {
+		pthread_mutex_lock(&s->mu);
+		if (s->from_file[b->file] == UINT64_MAX &&
+		    atomic_load(&es->held) >= s->switch_at)
+			s->from_file[b->file] = b->file_offset;
+		if (s->from_file[b->file] != UINT64_MAX) {
+			atomic_fetch_sub(&es->held, 1);
+			s->fifo[(s->fhead + s->fn++) % s->fcap] = b;
+			pthread_mutex_unlock(&s->mu);
+			gcs_wakeup(s->gc);
+			return;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
 	q_put(s, b->p, b->span, b->file, b);
 }
 
+/* Failed: the save failed (or gs:// alone, where this sink is the save):
+ * every buffer goes back, and the writer waits for them (detach 2). Else
+ * detached for lagging or for an upload error: no more chunks, what is
+ * held goes on (detach 1) and the rest comes from the local files. The
+ * upload never holds up the local save: at finish the sink keeps only
+ * buffers the pool may spare (post_save). */
 static int gs_pump(eng_sink *es, int failed, int *busy)
 {
 	gcs_sink *s = (gcs_sink *)es;
+	int drop = 0;
 
 	if (failed) {
+		drop = s->direct || !s->live_job ||
+		       eng_job_status(es->c, s->live_job) != 0;
 		pthread_mutex_lock(&s->mu);
-		q_drop(s);
-		if (!s->detach) {
-			s->detach = 1;
+		if (drop)
+			q_drop(s);
+		if (s->detach < 1 + drop) {
+			s->detach = 1 + drop;
 			gcs_wakeup(s->gc);
 		}
 		pthread_mutex_unlock(&s->mu);
 	}
-	/* Not failed: the upload never holds up the local save (finish
-	 * takes the staged buffers back). Failed: wait for them. */
-	*busy = failed && atomic_load(&es->held) > 0;
+	*busy = drop && atomic_load(&es->held) > 0;
 	return 0;
 }
 
-/* Writer: the local files are durable (or the save failed: keep=0). Takes
- * every staged buffer back from the upload thread, which then goes on with
- * the step in the background from the local files (see ho_done). */
+/* Writer: the local files are durable (or the save failed: keep=0). The
+ * upload thread takes what is queued, and the step goes on in the
+ * background (see ho_done). */
 static void handover(gcs_sink *s, eng_job *job, int keep)
 {
 	pthread_mutex_lock(&s->mu);
 	if (s->live) {
-		q_drop(s);
+		if (!keep)
+			q_drop(s);
 		s->ho_job = job;
 		s->ho_keep = keep;
-		s->handover = 1;
-		gcs_wakeup(s->gc);
-		while (s->handover)
-			pthread_cond_wait(&s->cv, &s->mu);
+		ask_upload_thread(s, &s->handover);
 	}
 	pthread_mutex_unlock(&s->mu);
+	report_failure(s);
 }
 
 /* Writer: runs cmd on the upload thread and waits for it (gs:// alone). */
@@ -532,6 +658,10 @@ static int live_append(gcs_sink *s, up_step *u, const up_item *it)
 			return r;
 	}
 	f->appended += it->len;
+	if (!s->direct) { /* the local file's hashes, to finish from it */
+		f->crc = gcs_crc32c(f->crc, it->p, it->len);
+		XXH3_64bits_update(f->xs, it->p, it->len);
+	}
 	if (!it->b || it->len < s->min_span) {
 		if (f->bounce && f->blen + it->len > s->piece) {
 			r = bounce_flush(f);
@@ -555,7 +685,12 @@ static int live_append(gcs_sink *s, up_step *u, const up_item *it)
 	rel = &s->rel[it->b - s->base.c->bufs];
 	rel->s = s;
 	rel->b = it->b;
-	return gcs_upload_append(f->u, it->p, it->len, release_staged, rel);
+	r = gcs_upload_append(f->u, it->p, it->len, release_staged, rel);
+	if (r == 0) {
+		rel->inuse = 1;
+		f->staged_end = f->appended;
+	}
+	return r;
 }
 
 /* A live upload that failed gives its staged buffers back at once: for
@@ -599,6 +734,9 @@ static void live_detach(up_step *u)
 		gcs_upload_free(f->u);
 		f->u = NULL;
 		f->appended = 0;
+		f->finishing = 0;
+		f->staged_end = 0;
+		f->mode = FM_LIVE;
 	}
 }
 
@@ -667,9 +805,11 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 			return eng_err(err, r, "gs://%s/%s: %s", s->bucket,
 				       f->object, gcs_errmsg(s->gc));
 	}
+	f->finishing = 0;
 	if (gcs_op_done(gcs_upload_op(f->u))) {
 		/* it was complete before the restart: step_run collects it */
 		f->appended = f->size;
+		f->finishing = 1;
 		return 0;
 	}
 	if (persisted > f->size)
@@ -703,13 +843,14 @@ static void release_read(void *arg)
 }
 
 /* Keeps up to three pieces of the file queued (one on the wire, two to
- * go); finishes with the crc. */
-static int file_feed(gcs_sink *s, up_file *f, char *err)
+ * go), reading up to lim (what the local file has); finishes with the
+ * crc once every byte of the file is in. */
+static int file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 {
-	while (f->appended < f->size &&
+	while (f->appended < lim &&
 	       gcs_upload_pending(f->u) < 3 * (uint64_t)s->piece) {
-		size_t n = f->size - f->appended < UP_PIECE ?
-				   (size_t)(f->size - f->appended) :
+		size_t n = lim - f->appended < UP_PIECE ?
+				   (size_t)(lim - f->appended) :
 				   UP_PIECE;
 		read_piece *rp = malloc(sizeof(*rp) + n);
 		uint8_t *p = rp ? rp->data : NULL;
@@ -733,21 +874,18 @@ static int file_feed(gcs_sink *s, up_file *f, char *err)
 				       f->object, gcs_errmsg(s->gc));
 		}
 		f->appended += n;
-		/* bytes that differ from what the writer hashed (the local
-		 * file changed since) never complete an object */
-		if (f->appended == f->size &&
-		    XXH3_64bits_digest(f->xs) != f->xxh3)
-			return eng_err(err, CKPT_E_CORRUPT,
-				       "%s: the local file does not match its "
-				       "XXH3 in the index: not uploaded",
-				       f->name);
-		if (f->appended == f->size)
-			return gcs_upload_finish(f->u, &f->crc);
 	}
-	if (f->size == 0 && f->appended == 0 &&
-	    !gcs_op_done(gcs_upload_op(f->u)))
-		return gcs_upload_finish(f->u, &f->crc);
-	return 0;
+	if (f->appended != f->size || f->finishing)
+		return 0;
+	/* bytes that differ from what the writer hashed (the local file
+	 * changed since) never complete an object */
+	if (XXH3_64bits_digest(f->xs) != f->xxh3)
+		return eng_err(err, CKPT_E_CORRUPT,
+			       "%s: the local file does not match its XXH3 in "
+			       "the index: not uploaded",
+			       f->name);
+	f->finishing = 1;
+	return gcs_upload_finish(f->u, &f->crc);
 }
 
 /* The host index object, create-only: doc, or else the local file. */
@@ -842,7 +980,7 @@ static void step_run(gcs_sink *s, up_step *u)
 		if (!f->u)
 			r = file_start(s, u, f, err);
 		if (r == 0)
-			r = file_feed(s, f, err);
+			r = file_feed(s, f, f->size, err);
 		if (r < 0)
 			break;
 		sess = gcs_upload_session(f->u);
@@ -998,19 +1136,189 @@ out:
 	}
 }
 
-/* Upload thread: the writer's handover of the live step (staged buffers
- * already given back): into the background queue, journaled, or dropped
- * with a failed save. Acknowledged last: ho_job is valid until then. */
+/* ---- upload thread: the live step past what it holds ------------- */
+
+/* f's next bytes come from the local file: this save's NAME.tmp, renamed
+ * at finish (the descriptor follows the inode; after it: final). */
+static int to_file_mode(gcs_sink *s, up_file *f, int final)
+{
+	char *path;
+	int r = bounce_flush(f);
+
+	if (r < 0)
+		return r;
+	if (f->fd < 0) {
+		path = eng_path("%s/%s%s", s->live_job->stepdir, f->name,
+				final ? "" : FMT_TMP_SUFFIX);
+		if (!path)
+			return -ENOMEM;
+		f->fd = eng_open(path, O_RDONLY | O_CLOEXEC, 0);
+		free(path);
+		if (f->fd < 0)
+			return f->fd;
+	}
+	if (f->mark < f->appended)
+		f->mark = f->appended;
+	f->mode = FM_FILE;
+	return 0;
+}
+
+/* Held chunks the local file now has (all: every one) go back to the
+ * pool; their file's mark moves past them. In file order per file. */
+static void fifo_drain(gcs_sink *s, up_step *u, int all)
+{
+	pthread_mutex_lock(&s->mu);
+	while (s->fn) {
+		eng_buf *b = s->fifo[s->fhead];
+		up_file *f = &u->f[b->file];
+
+		if (!all && atomic_load(&b->refs) != 1)
+			break;
+		if (f->mark < b->file_offset + b->span)
+			f->mark = b->file_offset + b->span;
+		s->fhead = (s->fhead + 1) % s->fcap;
+		s->fn--;
+		eng_buf_unref(s->base.c, b);
+		eng_writer_wake(s->base.c);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Files whose chunks now come through the fifo switch once every chunk
+ * before went into their uploads. */
+static int live_switch(gcs_sink *s, up_step *u)
+{
+	uint32_t i;
+	int r = 0;
+
+	for (i = 0; i < u->nfiles && r == 0; i++) {
+		up_file *f = &u->f[i];
+		uint64_t from;
+
+		pthread_mutex_lock(&s->mu);
+		from = s->from_file[i];
+		pthread_mutex_unlock(&s->mu);
+		if (f->mode == FM_LIVE && f->u && f->appended == from)
+			r = to_file_mode(s, f, 0);
+	}
+	return r;
+}
+
+/* FM_FILE files read on up to their marks. */
+static int live_feed(gcs_sink *s, up_step *u)
+{
+	char err[ENG_ERRMSG_MAX];
+	uint32_t i;
+	int r;
+
+	for (i = 0; i < u->nfiles; i++) {
+		up_file *f = &u->f[i];
+
+		if (f->mode != FM_FILE || !f->u)
+			continue;
+		r = file_feed(s, f, f->mark, err);
+		if (r < 0) {
+			eng_sink_fail(&s->base, s->live_job, eng_gcs_code(r),
+				      "%s", err);
+			return r;
+		}
+	}
+	return 0;
+}
+
+/* The live uploads are given up (an upload failed, or the save did):
+ * every buffer back; after a local commit the step is resumed from the
+ * files with the sessions kept. */
+static void live_drop(gcs_sink *s, up_step *u)
+{
+	fifo_drain(s, u, 1);
+	live_detach(u);
+	u->dropped = 1;
+}
+
+/* The save ended and the step goes on: staged buffers still in an upload
+ * stay until the server has them (gone from the sink's count; the pool
+ * gets them back from release_staged), or until the next save begins
+ * (reclaim_staged). */
+static void post_save(gcs_sink *s)
+{
+	struct ckpt *c = s->base.c;
+	unsigned i, n = c->nslots + c->nout;
+
+	for (i = 0; i < n; i++) {
+		up_rel *r = &s->rel[i];
+
+		if (!r->inuse || r->post)
+			continue;
+		r->post = 1;
+		atomic_fetch_add(&s->npost, 1);
+		pthread_mutex_lock(&c->mu);
+		r->b->job = NULL; /* the job ends with the save */
+		pthread_mutex_unlock(&c->mu);
+		atomic_fetch_sub(&s->base.held, 1);
+	}
+}
+
+/* The next save needs the pool: uploads that still hold staged buffers
+ * are closed (sessions kept) and resumed from the local files. */
+static void reclaim_staged(gcs_sink *s)
+{
+	up_step *u;
+	uint32_t i;
+
+	for (u = s->steps; u; u = u->next)
+		for (i = 0; i < u->nfiles; i++) {
+			up_file *f = &u->f[i];
+			const char *sess;
+
+			if (!f->u || gcs_upload_persisted(f->u) >= f->staged_end)
+				continue;
+			sess = gcs_upload_session(f->u);
+			free(f->session);
+			f->session = sess ? strdup(sess) : NULL;
+			f->confirmed = gcs_upload_persisted(f->u);
+			gcs_upload_free(f->u);
+			f->u = NULL;
+			f->appended = 0;
+			f->finishing = 0;
+			f->staged_end = 0;
+		}
+	pthread_mutex_lock(&s->mu);
+	s->reclaim = 0;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Upload thread: the writer's handover of the live step (every chunk of
+ * it taken): into the background queue, journaled, with its uploads as
+ * they are; or dropped with a failed save. Acknowledged last: ho_job is
+ * valid until then. */
 static void ho_done(gcs_sink *s, up_step *u)
 {
 	eng_job *job = s->ho_job;
 	int keep = s->ho_keep;
 	uint32_t f;
 
+	if (!keep && !u->dropped)
+		live_drop(s, u);
 	if (keep) {
+		fifo_drain(s, u, 1);
+		for (f = 0; !u->dropped && f < u->nfiles; f++) {
+			up_file *uf = &u->f[f];
+
+			/* errors: the upload's, seen by step_run */
+			if (uf->u && uf->appended < job->files[f].size &&
+			    uf->fd < 0)
+				to_file_mode(s, uf, 1);
+			else
+				bounce_flush(uf);
+		}
+		if (!u->dropped)
+			post_save(s);
 		for (f = 0; f < u->nfiles; f++) {
 			u->f[f].size = job->files[f].size;
 			u->f[f].xxh3 = job->files[f].xxh3;
+			u->f[f].mark = u->f[f].size;
 		}
 		u->state = ST_BACKGROUND;
 		journal_save(s, u);
@@ -1033,6 +1341,39 @@ static void ho_done(gcs_sink *s, up_step *u)
 		step_free(u);
 }
 
+/* Upload thread: the live step after a batch of chunks. */
+static void live_run(gcs_sink *s, up_step *u, int failed, int detach,
+		     int check)
+{
+	uint32_t i;
+
+	if (u->dropped) {
+		fifo_drain(s, u, 1);
+		return;
+	}
+	if (failed || detach == 2 || (check && live_check(s, u) < 0)) {
+		live_drop(s, u);
+		return;
+	}
+	/* detached: no more chunks; what each file lacks is in its file */
+	for (i = 0; detach == 1 && !u->stopped && i < u->nfiles; i++)
+		if (u->f[i].mode == FM_LIVE && u->f[i].u &&
+		    to_file_mode(s, &u->f[i], 0) < 0) {
+			live_drop(s, u);
+			return;
+		}
+	u->stopped |= detach == 1;
+	if (s->direct)
+		return;
+	if (live_switch(s, u) < 0) {
+		live_drop(s, u);
+		return;
+	}
+	fifo_drain(s, u, 0);
+	if (live_feed(s, u) < 0)
+		live_drop(s, u);
+}
+
 static void *upload_main(void *arg)
 {
 	gcs_sink *s = arg;
@@ -1044,6 +1385,7 @@ static void *upload_main(void *arg)
 	while (!s->stop) {
 		up_step *live = s->live, *bg;
 		int handover = s->handover, detach = s->detach, cmd = s->cmd;
+		int reclaim = s->reclaim, failed = 0;
 
 		if (cap < s->qcap) {
 			up_item *nb = realloc(batch, s->qcap * sizeof(*nb));
@@ -1062,21 +1404,20 @@ static void *upload_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 
 		for (i = 0; i < n; i++) {
-			if (live && !detach &&
+			if (live && !live->dropped && detach < 2 &&
 			    live_append(s, live, &batch[i]) == 0)
 				continue;
 			/* no upload for it: the resume reads the file */
 			if (batch[i].b)
 				eng_sink_release(&s->base, batch[i].b);
-			detach = 1;
+			failed = 1;
 		}
-		if (live && !detach && !handover && !cmd &&
-		    live_check(s, live) < 0)
-			detach = 1;
-		if (live && (handover || detach))
-			live_detach(live);
+		if (live)
+			live_run(s, live, failed, detach, !cmd);
 		if (handover)
 			ho_done(s, live);
+		if (reclaim)
+			reclaim_staged(s);
 		if (cmd && (live || cmd == CMD_CHECK))
 			direct_run(s, live, cmd);
 		if (bg && bg->state == ST_BACKGROUND)
@@ -1092,10 +1433,11 @@ static void *upload_main(void *arg)
 			pthread_mutex_lock(&s->mu);
 			continue;
 		}
-		if (s->qn || s->handover || s->cmd || s->stop)
+		if (s->qn || s->handover || s->reclaim || s->cmd || s->stop)
 			continue;
 		pthread_mutex_unlock(&s->mu);
-		gcs_poll(s->gc, 200);
+		/* chunks held for the local sink: look again soon */
+		gcs_poll(s->gc, s->fn ? 2 : 200);
 		pthread_mutex_lock(&s->mu);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -1129,6 +1471,8 @@ static void gs_destroy(eng_sink *es)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->q);
+	free(s->fifo);
+	free(s->from_file);
 	free(s->rel);
 	free(s->remote);
 	free(s->bucket);
@@ -1301,6 +1645,9 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 			cfg.deadline_s =
 				strtod(getenv("CKPT_GCS_DEADLINE"), NULL);
 		piece_size(s, c, direct);
+		s->switch_at = c->sink_lag_max * 3 / 4;
+		if (s->switch_at < 1)
+			s->switch_at = 1;
 		cfg.chunk_bytes = s->piece;
 		r = gcs_client_new(&s->gc, &cfg);
 		if (r < 0)
@@ -1393,8 +1740,10 @@ CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms)
 		else
 			r = -pthread_cond_timedwait(&s->cv, &s->mu, &dl);
 	}
-	if (s->st.state == CKPT_UPLOAD_FAILED)
+	if (s->st.state == CKPT_UPLOAD_FAILED) {
 		r = s->st.status;
+		s->unreported = 0; /* said here */
+	}
 	if (r)
 		eng_err(c->errmsg, r, "%s",
 			r == -ETIMEDOUT ? "upload still running" : s->err);
