@@ -167,6 +167,7 @@ typedef struct gcs_sink {
 	unsigned pending;
 	char err[ENG_ERRMSG_MAX];
 	int unreported; /* a step failed and no save has said so yet */
+	int told;       /* writer: this save named one already */
 } gcs_sink;
 
 static const eng_sink_ops gcs_sink_ops;
@@ -317,12 +318,16 @@ static void step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 		 msg);
 	snprintf(s->err, sizeof(s->err), "%s", s->st.msg);
 	s->unreported = 1;
-	pthread_mutex_unlock(&s->mu);
 	pthread_mutex_lock(&c->mu);
 	s->base.status = r;
 	snprintf(s->base.msg, sizeof(s->base.msg),
 		 "upload of step %" PRIu64 ": %.200s", u->step, msg);
+	/* no save in flight (the last one may be ending): its sink status
+	 * keeps this; the next save's begin clears it */
+	if (!s->live)
+		atomic_store(&s->base.failed, 1);
 	pthread_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&s->mu);
 	set_status(s, u, CKPT_UPLOAD_FAILED);
 }
 
@@ -345,15 +350,20 @@ static void release_staged(void *arg)
 	eng_writer_wake(s->base.c);
 }
 
-/* Writer: a step whose upload failed since a save last said so is named
- * in the handle's message (the save itself went well); the upload status
- * keeps the failure (ckpt_upload_status_get). */
-static void report_failure(gcs_sink *s)
+/* Writer, at the begin and the end of a save: a step whose upload failed
+ * since a save last said so is named in the handle's message (the save
+ * itself went well), once per save; the upload status keeps the last
+ * failure (ckpt_upload_status_get). */
+static void report_failure(gcs_sink *s, int at_begin)
 {
 	struct ckpt *c = s->base.c;
 	char m[ENG_ERRMSG_MAX];
 	int r;
 
+	if (at_begin)
+		s->told = 0;
+	if (s->told)
+		return;
 	pthread_mutex_lock(&s->mu);
 	r = s->unreported ? s->st.status : 0;
 	snprintf(m, sizeof(m), "%s", s->err);
@@ -361,6 +371,7 @@ static void report_failure(gcs_sink *s)
 	pthread_mutex_unlock(&s->mu);
 	if (!r)
 		return;
+	s->told = 1;
 	pthread_mutex_lock(&c->mu);
 	eng_err(c->errmsg, 0,
 		"the upload to %s failed (%s), %.300s; it stays journaled "
@@ -424,7 +435,7 @@ static int gs_begin(eng_sink *es, eng_job *job)
 		if (r < 0)
 			return r;
 	} else {
-		report_failure(s);
+		report_failure(s, 1);
 	}
 	u = step_new(s, job->step, job->nfiles);
 	if (!u)
@@ -473,6 +484,11 @@ static int gs_begin(eng_sink *es, eng_job *job)
 	s->qhead = s->qn = 0;
 	s->fhead = s->fn = 0;
 	s->handover = s->detach = 0;
+	pthread_mutex_lock(&c->mu); /* a failure of an earlier step's */
+	atomic_store(&es->failed, 0);
+	es->status = 1;
+	es->msg[0] = 0;
+	pthread_mutex_unlock(&c->mu);
 	s->live = u;
 	s->live_job = job;
 	s->pending++;
@@ -564,7 +580,7 @@ static void handover(gcs_sink *s, eng_job *job, int keep)
 		ask_upload_thread(s, &s->handover);
 	}
 	pthread_mutex_unlock(&s->mu);
-	report_failure(s);
+	report_failure(s, 0);
 }
 
 /* Writer: runs cmd on the upload thread and waits for it (gs:// alone). */
@@ -847,6 +863,8 @@ static void release_read(void *arg)
  * crc once every byte of the file is in. */
 static int file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 {
+	int r;
+
 	while (f->appended < lim &&
 	       gcs_upload_pending(f->u) < 3 * (uint64_t)s->piece) {
 		size_t n = lim - f->appended < UP_PIECE ?
@@ -854,7 +872,6 @@ static int file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 				   UP_PIECE;
 		read_piece *rp = malloc(sizeof(*rp) + n);
 		uint8_t *p = rp ? rp->data : NULL;
-		int r;
 
 		if (!rp)
 			return eng_err(err, -ENOMEM, "out of memory");
@@ -885,7 +902,11 @@ static int file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 			       "the index: not uploaded",
 			       f->name);
 	f->finishing = 1;
-	return gcs_upload_finish(f->u, &f->crc);
+	r = gcs_upload_finish(f->u, &f->crc);
+	if (r < 0)
+		eng_err(err, r, "gs://%s/%s: %s", s->bucket, f->object,
+			gcs_op_errmsg(gcs_upload_op(f->u)));
+	return r;
 }
 
 /* The host index object, create-only: doc, or else the local file. */

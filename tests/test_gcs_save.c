@@ -11,8 +11,9 @@
  * the server's random faults (10%: 503, 429, resets, broken streams,
  * stalls) lands byte-identical with no stray objects, retries counted and
  * printed; an upload that cannot succeed (no such bucket) is reported by
- * ckpt_upload_wait, the upload status and the sink status, and leaves its
- * journal, which keeps the step from retention unless gc is told; a
+ * the upload status and the sink status, by the handle's message after
+ * the next save (whose own result is 0) and by ckpt_upload_wait, and
+ * leaves its journal, which keeps the step from retention unless gc is told; a
  * local file changed before its upload resumed is not uploaded. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
@@ -133,16 +134,24 @@ START_TEST(both_basic)
 }
 END_TEST
 
-/* 8 slots of 1 MiB: the uploader may hold 2 and is detached whenever the
- * server is slower than the disk; it catches up from the files. */
+/* 8 slots of 1 MiB: the uploader may hold 2, fewer than a piece: it
+ * reads every chunk from the local file once the local sink wrote it, and
+ * is never detached for lagging. */
 START_TEST(both_lagging)
 {
 	char *dir = tu_path("%s/lag", tu_tmpdir());
 	ckpt *c = open_both(dir, "gs://" BUCKET "/lag", 8u << 20, 1u << 20);
+	ckpt_sink_status ss[2];
+	size_t n = 0;
 	tu_set set;
 
 	make_set(&set, 48, 7);
 	save_and_check(c, dir, "lag", 5, &set);
+	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_msg(ss[1].status == 0, "sink gcs: %d %s", ss[1].status,
+		      ss[1].msg);
+	ck_assert_uint_le(ss[1].max_held, 2);
 	read_back(dir, 5, &set);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	tu_set_free(&set);
@@ -158,6 +167,8 @@ START_TEST(both_no_bucket)
 	ckpt_upload_status us;
 	ckpt_sink_status ss[2];
 	ckpt_gc_report rep;
+	char m4[512];
+	const char *told;
 	size_t n;
 	tu_set set;
 	int r;
@@ -165,19 +176,36 @@ START_TEST(both_no_bucket)
 	make_set(&set, 4, 3);
 	/* the local save is not affected */
 	ck_assert_int_eq(tu_save(c, 4, &set), 0);
+	/* without ckpt_upload_wait: the status says so once it failed... */
+	for (n = 0; n < 60000; n++) {
+		ck_assert_int_eq(ckpt_upload_status_get(c, &us), 0);
+		if (us.state == CKPT_UPLOAD_FAILED)
+			break;
+		usleep(1000);
+	}
+	ck_assert_int_eq(us.state, CKPT_UPLOAD_FAILED);
+	ck_assert_int_lt(us.status, 0);
+	ck_assert_ptr_nonnull(strstr(us.msg, "step 4"));
+	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
+	ck_assert_int_lt(ss[1].status, 0);
+	/* ...and the training loop is told in the handle's message, by the
+	 * end of that save (if it failed by then) or by the next one, whose
+	 * own result is still 0 */
+	snprintf(m4, sizeof(m4), "%s", ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_save(c, 9, NULL, 0), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	told = strstr(m4, "step 4") ? m4 : ckpt_errmsg(c);
+	ck_assert_msg(strstr(told, "step 4") &&
+			      strstr(told, "no-such-bucket"),
+		      "%s / %s", m4, ckpt_errmsg(c));
 	r = ckpt_upload_wait(c, -1);
 	ck_assert_int_lt(r, 0);
 	ck_assert_ptr_nonnull(strstr(ckpt_errmsg(c), "no-such-bucket"));
 	ck_assert_int_eq(ckpt_upload_status_get(c, &us), 0);
 	ck_assert_int_eq(us.state, CKPT_UPLOAD_FAILED);
 	ck_assert_int_eq(us.status, r);
-	ck_assert_ptr_nonnull(strstr(us.msg, "step 4"));
-	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
-	ck_assert_int_lt(ss[1].status, 0);
 	ck_assert_int_eq(access(j, F_OK), 0);
 	/* gc keeps a step whose upload is unfinished unless told */
-	ck_assert_int_eq(ckpt_save(c, 9, NULL, 0), 0);
-	ckpt_wait(c);
 	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, NULL, NULL, &rep), 0);
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	read_back(dir, 4, &set);
