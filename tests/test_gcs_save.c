@@ -14,7 +14,9 @@
  * the upload status and the sink status, by the handle's message after
  * the next save (whose own result is 0) and by ckpt_upload_wait, and
  * leaves its journal, which keeps the step from retention unless gc is told; a
- * local file changed before its upload resumed is not uploaded. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
+ * local file changed before its upload resumed is not uploaded; a copy
+ * to gs:// (ckptctl push) uploads the files at once, bounded by the
+ * streams setting. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
 #include "test_gcs_util.h"
@@ -321,6 +323,87 @@ START_TEST(both_corrupt_local)
 }
 END_TEST
 
+/* The progress callback of a copy to gs:// asks the server how many
+ * resumable uploads are open at that moment and keeps the most. */
+struct open_seen {
+	char url[192];
+	long max_open;
+};
+
+static int count_open(void *arg, uint64_t done, uint64_t total)
+{
+	struct open_seen *o = arg;
+	char *stats = NULL, *p;
+
+	(void)done;
+	(void)total;
+	ck_assert_int_eq(gt_http("GET", o->url, NULL, &stats), 200);
+	p = stats ? strstr(stats, "\"uploads_open\"") : NULL;
+	ck_assert_ptr_nonnull(p);
+	p = strchr(p, ':');
+	if (p && strtol(p + 1, NULL, 10) > o->max_open)
+		o->max_open = strtol(p + 1, NULL, 10);
+	free(stats);
+	return 0;
+}
+
+/* ckpt_reader_copy (ckptctl push) to gs:// uploads the shard files at
+ * once, as many as the parallel streams allow: with 4 files of 5 blocks
+ * (each may hold 4) every file needs the server before it can go on, so
+ * with the default streams several sessions are open together and with
+ * CKPT_GCS_STREAMS=1 never more than one. Both copies commit, verified. */
+START_TEST(copy_parallel)
+{
+	char *dir = tu_path("%s/par", tu_tmpdir());
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	struct open_seen o;
+	ckpt_reader *r = NULL;
+	ckpt_settings s;
+	ckpt *c = NULL;
+	char why[512];
+	tu_set set;
+
+	ckpt_settings_default(&s);
+	s.codec = CKPT_CODEC_NONE;
+	s.threads = 2;
+	s.files_per_host = 4;
+	ck_assert_int_eq(ckpt_open(&c, dir, &s), 0);
+	make_set(&set, 160, 31);
+	ck_assert_int_eq(tu_save(c, 6, &set), 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	snprintf(o.url, sizeof(o.url), "%s/_fake/stats", gk_srv.url);
+
+	o.max_open = 0;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
+	ck_assert_msg(ckpt_reader_copy(r, "gs://" BUCKET "/par", count_open,
+				       &o) == 0,
+		      "%s", ckpt_reader_errmsg(r));
+	ckpt_reader_close(r);
+	ck_assert_msg(o.max_open >= 2, "uploads open at once: %ld",
+		      o.max_open);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, "par", 6, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	read_back("gs://" BUCKET "/par", 6, &set);
+
+	setenv("CKPT_GCS_STREAMS", "1", 1);
+	o.max_open = 0;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
+	ck_assert_msg(ckpt_reader_copy(r, "gs://" BUCKET "/par1", count_open,
+				       &o) == 0,
+		      "%s", ckpt_reader_errmsg(r));
+	ckpt_reader_close(r);
+	unsetenv("CKPT_GCS_STREAMS");
+	ck_assert_int_eq(o.max_open, 1);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, "par1", 6, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	gcs_client_free(gc);
+	tu_set_free(&set);
+	free(dir);
+}
+END_TEST
+
 /* gs:// alone: the upload sink decides the save; ckpt_wait() returns
  * when the step is committed in the bucket. */
 START_TEST(alone)
@@ -380,7 +463,8 @@ int main(void)
 {
 	const TTest *const tests[] = { both_basic,     both_lagging,
 				       both_no_bucket, both_corrupt_local,
-				       both_soak,      alone };
+				       both_soak,      alone,
+				       copy_parallel };
 
 	return gk_main(BUCKET, "gcs_save", 900, tests,
 		       sizeof(tests) / sizeof(tests[0]));
