@@ -37,6 +37,7 @@ typedef struct up_file {
 	uint64_t mark;       /* FM_FILE: the local file has [0, mark) */
 	uint64_t staged_end; /* end of the last staged buffer appended */
 	int finishing;       /* gcs_upload_finish was called */
+	int resuming;        /* file_start done, file_resumed not yet */
 	int fd;
 	int done;
 } up_file;

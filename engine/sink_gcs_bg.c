@@ -217,13 +217,12 @@ static int crc_file(up_file *f, uint64_t end, uint8_t *tmp, char *err)
 	return 0;
 }
 
-/* Opens the local file and reattaches to (or starts) the upload. */
+/* Opens the local file and reattaches to its session (the status query
+ * is answered later: file_resumed) or starts a new upload. */
 static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 {
 	struct gcs_upload_opts o = { GCS_NO_COND, f->size, 0, 0 };
 	char d[32], *path;
-	uint64_t persisted = 0;
-	uint8_t *tmp;
 	int r;
 
 	fmt_step_dirname(u->step, d);
@@ -239,30 +238,51 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 		return r;
 	}
 	free(path);
-	if (f->session) {
-		r = gcs_upload_resume(s->gc, s->bucket, f->object, f->session,
-				      &o, &persisted, &f->u);
-		if (r == GCS_E_SESSION || r == -ENOENT) {
-			free(f->session);
-			f->session = NULL;
-		} else if (r < 0) {
-			return eng_err(err, r, "gs://%s/%s: resuming: %s",
-				       s->bucket, f->object, gcs_errmsg(s->gc));
-		}
-	}
-	if (!f->u) {
+	f->finishing = 0;
+	f->resuming = 1;
+	if (f->session)
+		r = gcs_upload_reattach(s->gc, s->bucket, f->object, f->session,
+					&o, &f->u);
+	else
+		r = gcs_upload_start(s->gc, s->bucket, f->object, &o, &f->u);
+	if (r < 0)
+		return eng_err(err, r, "gs://%s/%s: %s", s->bucket, f->object,
+			       gcs_errmsg(s->gc));
+	return 0;
+}
+
+/* After file_start: 0 while the server has not said where the session
+ * stands, 1 once the upload can go on (the crc32c and XXH3 of what the
+ * server has recomputed from the local file), or an error. A session the
+ * server no longer knows is started anew. */
+static int file_resumed(gcs_sink *s, up_file *f, char *err)
+{
+	struct gcs_upload_opts o = { GCS_NO_COND, f->size, 0, 0 };
+	uint64_t persisted = 0;
+	uint8_t *tmp;
+	int r = f->session ? gcs_upload_reattached(f->u, &persisted) : 1;
+
+	if (r == 0)
+		return 0;
+	if (r == GCS_E_SESSION || r == -ENOENT) {
+		gcs_upload_free(f->u);
+		f->u = NULL;
+		free(f->session);
+		f->session = NULL;
 		persisted = 0;
 		r = gcs_upload_start(s->gc, s->bucket, f->object, &o, &f->u);
-		if (r < 0)
-			return eng_err(err, r, "gs://%s/%s: %s", s->bucket,
-				       f->object, gcs_errmsg(s->gc));
 	}
-	f->finishing = 0;
-	if (gcs_op_done(gcs_upload_op(f->u))) {
+	if (r < 0)
+		return eng_err(err, r, "gs://%s/%s: resuming: %s", s->bucket,
+			       f->object,
+			       f->u ? gcs_op_errmsg(gcs_upload_op(f->u)) :
+				      gcs_errmsg(s->gc));
+	f->resuming = 0;
+	if (f->session && gcs_op_done(gcs_upload_op(f->u))) {
 		/* it was complete before the restart: up_step_run collects it */
 		f->appended = f->size;
 		f->finishing = 1;
-		return 0;
+		return 1;
 	}
 	if (persisted > f->size)
 		return eng_err(err, GCS_E_PROTOCOL,
@@ -275,7 +295,7 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 	r = crc_file(f, persisted, tmp, err);
 	free(tmp);
 	f->appended = persisted;
-	return r;
+	return r < 0 ? r : 1;
 }
 
 /* A piece read from a local file; once confirmed, the upload thread's
@@ -436,6 +456,11 @@ void up_step_run(gcs_sink *s, up_step *u)
 		}
 		if (!f->u)
 			r = file_start(s, u, f, err);
+		/* every file's status query at once, none waited for */
+		if (r == 0 && f->resuming && (r = file_resumed(s, f, err)) == 0)
+			continue;
+		if (r > 0)
+			r = 0;
 		if (r == 0)
 			r = up_file_feed(s, f, f->size, err);
 		if (r < 0)
