@@ -197,8 +197,7 @@ START_TEST(both_no_bucket)
 	ck_assert_int_eq(ckpt_save(c, 9, NULL, 0), 0);
 	ck_assert_int_eq(ckpt_wait(c), 0);
 	told = strstr(m4, "step 4") ? m4 : ckpt_errmsg(c);
-	ck_assert_msg(strstr(told, "step 4") &&
-			      strstr(told, "no-such-bucket"),
+	ck_assert_msg(strstr(told, "step 4") && strstr(told, "no-such-bucket"),
 		      "%s / %s", m4, ckpt_errmsg(c));
 	r = ckpt_upload_wait(c, -1);
 	ck_assert_int_lt(r, 0);
@@ -379,8 +378,7 @@ START_TEST(copy_parallel)
 				       &o) == 0,
 		      "%s", ckpt_reader_errmsg(r));
 	ckpt_reader_close(r);
-	ck_assert_msg(o.max_open >= 2, "uploads open at once: %ld",
-		      o.max_open);
+	ck_assert_msg(o.max_open >= 2, "uploads open at once: %ld", o.max_open);
 	ck_assert_msg(gk_step_complete(gc, BUCKET, "par", 6, 1, why,
 				       sizeof(why)) == 0,
 		      "%s", why);
