@@ -113,8 +113,9 @@ for rep in $(seq "$reps"); do
 	t0=$(now)
 	pids=
 	for f in "$tmp/local-$size/$step"/*.shard; do
-		curl -sS -o /dev/null -H 'Content-Type: application/octet-stream' \
-			-H 'Expect:' --data-binary "@$f" \
+		curl -sS -o /dev/null -X POST -T "$f" \
+			-H 'Content-Type: application/octet-stream' \
+			-H 'Expect:' \
 			"$url/upload/storage/v1/b/bkt/o?uploadType=media&name=$size-raw/$(basename "$f")" &
 		pids="$pids $!"
 	done

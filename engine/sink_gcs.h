@@ -28,8 +28,9 @@ typedef struct up_file {
 	struct gcs_upload *u;
 	char *session;
 	uint64_t confirmed;
-	uint32_t crc;     /* of [0, appended) when reading the file */
-	uint64_t xxh3;    /* the local index's hash of the whole file */
+	uint32_t crc;  /* of [0, appended), kept when resumed */
+	int resumed;   /* reattached: the client lacks the crc of the prefix */
+	uint64_t xxh3; /* the local index's hash of the whole file */
 	XXH3_state_t *xs; /* of [0, appended) when reading the file */
 	uint8_t *bounce;  /* live: small chunks copied (live_append) */
 	size_t blen;

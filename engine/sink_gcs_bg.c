@@ -240,6 +240,7 @@ static int file_start(gcs_sink *s, up_step *u, up_file *f, char *err)
 	free(path);
 	f->finishing = 0;
 	f->resuming = 1;
+	f->resumed = 0;
 	if (f->session)
 		r = gcs_upload_reattach(s->gc, s->bucket, f->object, f->session,
 					&o, &f->u);
@@ -278,6 +279,7 @@ static int file_resumed(gcs_sink *s, up_file *f, char *err)
 			       f->u ? gcs_op_errmsg(gcs_upload_op(f->u)) :
 				      gcs_errmsg(s->gc));
 	f->resuming = 0;
+	f->resumed = f->session != NULL;
 	if (f->session && gcs_op_done(gcs_upload_op(f->u))) {
 		/* it was complete before the restart: up_step_run collects it */
 		f->appended = f->size;
@@ -338,7 +340,8 @@ int up_file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 			return eng_err(err, r, "reading %s at %" PRIu64 ": %s",
 				       f->name, f->appended, ckpt_strerror(r));
 		}
-		f->crc = gcs_crc32c(f->crc, p, n);
+		if (f->resumed) /* else the client's crc covers it all */
+			f->crc = gcs_crc32c(f->crc, p, n);
 		XXH3_64bits_update(f->xs, p, n);
 		r = gcs_upload_append(f->u, p, n, release_read, rp);
 		if (r < 0) {
@@ -358,7 +361,7 @@ int up_file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err)
 			       "the index: not uploaded",
 			       f->name);
 	f->finishing = 1;
-	r = gcs_upload_finish(f->u, &f->crc);
+	r = gcs_upload_finish(f->u, f->resumed ? &f->crc : NULL);
 	if (r < 0)
 		eng_err(err, r, "gs://%s/%s: %s", s->bucket, f->object,
 			gcs_op_errmsg(gcs_upload_op(f->u)));

@@ -92,10 +92,8 @@ static int live_append(gcs_sink *s, up_step *u, const up_item *it)
 			return r;
 	}
 	f->appended += it->len;
-	if (!s->direct) { /* the local file's hashes, to finish from it */
-		f->crc = gcs_crc32c(f->crc, it->p, it->len);
+	if (!s->direct) /* the local file's hash, to finish from it */
 		XXH3_64bits_update(f->xs, it->p, it->len);
-	}
 	if (!it->b || it->len < s->min_span) {
 		if (f->bounce && f->blen + it->len > s->piece) {
 			r = bounce_flush(f);
@@ -148,6 +146,23 @@ static int live_check(gcs_sink *s, up_step *u)
 	return 0;
 }
 
+/* Closes f's upload (its buffers go back), keeping the session and what
+ * the server confirmed: the background resumes it from the local file. */
+static void close_upload(up_file *f)
+{
+	const char *sess = gcs_upload_session(f->u);
+
+	free(f->session);
+	f->session = sess ? strdup(sess) : NULL;
+	f->confirmed = gcs_upload_persisted(f->u);
+	gcs_upload_free(f->u);
+	f->u = NULL;
+	f->appended = 0;
+	f->finishing = 0;
+	f->staged_end = 0;
+	f->mode = FM_LIVE;
+}
+
 /* Gives every staged buffer back; sessions are kept for the resume. */
 static void live_detach(up_step *u)
 {
@@ -155,22 +170,12 @@ static void live_detach(up_step *u)
 
 	for (i = 0; i < u->nfiles; i++) {
 		up_file *f = &u->f[i];
-		const char *sess = f->u ? gcs_upload_session(f->u) : NULL;
 
 		free(f->bounce);
 		f->bounce = NULL;
 		f->blen = 0;
-		if (!f->u)
-			continue;
-		free(f->session);
-		f->session = sess ? strdup(sess) : NULL;
-		f->confirmed = gcs_upload_persisted(f->u);
-		gcs_upload_free(f->u);
-		f->u = NULL;
-		f->appended = 0;
-		f->finishing = 0;
-		f->staged_end = 0;
-		f->mode = FM_LIVE;
+		if (f->u)
+			close_upload(f);
 	}
 }
 
@@ -426,20 +431,9 @@ static void reclaim_staged(gcs_sink *s)
 	for (u = s->steps; u; u = u->next)
 		for (i = 0; i < u->nfiles; i++) {
 			up_file *f = &u->f[i];
-			const char *sess;
 
-			if (!f->u ||
-			    gcs_upload_persisted(f->u) >= f->staged_end)
-				continue;
-			sess = gcs_upload_session(f->u);
-			free(f->session);
-			f->session = sess ? strdup(sess) : NULL;
-			f->confirmed = gcs_upload_persisted(f->u);
-			gcs_upload_free(f->u);
-			f->u = NULL;
-			f->appended = 0;
-			f->finishing = 0;
-			f->staged_end = 0;
+			if (f->u && gcs_upload_persisted(f->u) < f->staged_end)
+				close_upload(f);
 		}
 	pthread_mutex_lock(&s->mu);
 	s->reclaim = 0;

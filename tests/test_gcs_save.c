@@ -346,6 +346,28 @@ static int count_open(void *arg, uint64_t done, uint64_t total)
 	return 0;
 }
 
+/* Copies step 6 of dir to gs://BUCKET/prefix counting the uploads open
+ * at once; the copy must be committed and complete. */
+static long copy_counted(const char *dir, const char *prefix,
+			 struct open_seen *o)
+{
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	ckpt_reader *r = NULL;
+	char why[512], *to = tu_path("gs://%s/%s", BUCKET, prefix);
+
+	o->max_open = 0;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
+	ck_assert_msg(ckpt_reader_copy(r, to, count_open, o) == 0, "%s",
+		      ckpt_reader_errmsg(r));
+	ckpt_reader_close(r);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, prefix, 6, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	gcs_client_free(gc);
+	free(to);
+	return o->max_open;
+}
+
 /* ckpt_reader_copy (ckptctl push) to gs:// uploads the shard files at
  * once, as many as the parallel streams allow: with 4 files of 5 blocks
  * (each may hold 4) every file needs the server before it can go on, so
@@ -354,12 +376,9 @@ static int count_open(void *arg, uint64_t done, uint64_t total)
 START_TEST(copy_parallel)
 {
 	char *dir = tu_path("%s/par", tu_tmpdir());
-	struct gcs_client *gc = gk_client(gk_srv.url);
 	struct open_seen o;
-	ckpt_reader *r = NULL;
 	ckpt_settings s;
 	ckpt *c = NULL;
-	char why[512];
 	tu_set set;
 
 	ckpt_settings_default(&s);
@@ -371,32 +390,12 @@ START_TEST(copy_parallel)
 	ck_assert_int_eq(tu_save(c, 6, &set), 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	snprintf(o.url, sizeof(o.url), "%s/_fake/stats", gk_srv.url);
-
-	o.max_open = 0;
-	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
-	ck_assert_msg(ckpt_reader_copy(r, "gs://" BUCKET "/par", count_open,
-				       &o) == 0,
-		      "%s", ckpt_reader_errmsg(r));
-	ckpt_reader_close(r);
-	ck_assert_msg(o.max_open >= 2, "uploads open at once: %ld", o.max_open);
-	ck_assert_msg(gk_step_complete(gc, BUCKET, "par", 6, 1, why,
-				       sizeof(why)) == 0,
-		      "%s", why);
+	ck_assert_msg(copy_counted(dir, "par", &o) >= 2,
+		      "uploads open at once: %ld", o.max_open);
 	read_back("gs://" BUCKET "/par", 6, &set);
-
 	setenv("CKPT_GCS_STREAMS", "1", 1);
-	o.max_open = 0;
-	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
-	ck_assert_msg(ckpt_reader_copy(r, "gs://" BUCKET "/par1", count_open,
-				       &o) == 0,
-		      "%s", ckpt_reader_errmsg(r));
-	ckpt_reader_close(r);
+	ck_assert_int_eq(copy_counted(dir, "par1", &o), 1);
 	unsetenv("CKPT_GCS_STREAMS");
-	ck_assert_int_eq(o.max_open, 1);
-	ck_assert_msg(gk_step_complete(gc, BUCKET, "par1", 6, 1, why,
-				       sizeof(why)) == 0,
-		      "%s", why);
-	gcs_client_free(gc);
 	tu_set_free(&set);
 	free(dir);
 }
