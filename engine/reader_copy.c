@@ -104,12 +104,14 @@ static void blk_put(struct cp *cp, struct cp_blk *b)
 	cp->freel[cp->nfree++] = b;
 }
 
-/* the upload confirmed a block: back to the pool */
+/* the upload confirmed a block: back to the pool, and the loop's
+ * gcs_poll ends to reuse it */
 static void cp_release(void *arg)
 {
 	struct cp_blk *b = arg;
 
 	blk_put(b->cp, b);
+	gcs_wakeup(b->cp->gc);
 }
 
 static const char *cp_obj(const eng_loc *l, const char *path)

@@ -107,8 +107,8 @@ struct gcs_stats {
 void gcs_get_stats(const struct gcs_client *c, struct gcs_stats *st);
 
 /* Drive transfers for at most timeout_ms (0: only what is ready now);
- * returns early when nothing is running or after gcs_wakeup(). Returns
- * the number of operations still running. */
+ * returns early when nothing is running, when an operation completed or
+ * after gcs_wakeup(). Returns the number of operations still running. */
 int gcs_poll(struct gcs_client *c, int timeout_ms);
 /* The one call another thread may make: ends the owner's gcs_poll() (or
  * the next one) early, e.g. after queueing data for it to append. */
