@@ -27,7 +27,8 @@ What it implements (as Cloud Storage does; differences are marked FAKE):
   alias /resumable/upload/storage/v1/b/B/o, which gcloud's apitools uses),
   /download/storage/v1/b/B/o/NAME. ?alt=media downloads the bytes.
 - Buckets: insert (409 if it exists), get, list, patch/update, delete (409
-  when not empty), getStorageLayout (flat namespace). --bucket NAME precreates one (repeatable).
+  when not empty), getStorageLayout (flat namespace). --bucket NAME
+  precreates one (repeatable).
 - Uploads: uploadType=media (raw body, ?name=), multipart (multipart/related:
   a JSON metadata part, then the media part) and resumable: POST gives 200
   with `Location: http://HOST/upload/storage/v1/b/B/o?uploadType=resumable&
