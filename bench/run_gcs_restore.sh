@@ -87,7 +87,7 @@ with open(path, "wb") as f:
 EOF
 "$ctl" import --codec none "$dir/model.safetensors" "$dir/local@1" >/dev/null
 rm -f "$dir/model.safetensors"
-fbytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
+fbytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }
 bytes=$(fbytes "$dir/local/step-00000000000000000001")
 echo "checkpoint: $((bytes / 1048576)) MiB in $(ls "$dir/local/step-00000000000000000001" | wc -l) files"
 

@@ -10,7 +10,7 @@ typedef struct eng_jfile {
 	char *session;      /* resumable session URI, NULL before one */
 	uint64_t confirmed; /* bytes the server had at the last write */
 	int done;
-	uint64_t xxh3; /* not journaled: the local index's (sink_gcs.c) */
+	uint64_t xxh3; /* not journaled: the local index's (sink_gcs_bg.c) */
 } eng_jfile;
 
 typedef struct eng_journal {

@@ -3,9 +3,13 @@
  * another root, DIR or gs://BUCKET/PREFIX, whatever the source is;
  * committed there last, like a save.
  *
- * Design note. Files are copied one after the other, each in blocks of
- * CP_BLOCK bytes from a pool of CP_NBLK (memory is bounded by the pool,
- * never by a file):
+ * Design note. Files are copied in blocks of CP_BLOCK bytes from a pool
+ * (memory is bounded by the pool, never by a file): to a directory one
+ * file after the other with CP_NBLK blocks; to gs:// every file at once,
+ * up to the parallel streams (CKPT_GCS_STREAMS), each with its own
+ * resumable upload and CP_PER_FILE blocks, all driven by one loop over
+ * the client (cp_files: a file moves on as far as it can without
+ * waiting, the loop polls the client when none could):
  *
  *   source DIR:   pread --------------------\
  *   source gs://: ranged GETs, up to CP_NBLK  > block FIFO (file order)
@@ -40,36 +44,74 @@
 #include "reader_internal.h"
 
 #define CP_BLOCK (8u << 20)
-#define CP_NBLK 16u
+#define CP_NBLK 16u   /* blocks for one file at a time */
+#define CP_PER_FILE 4 /* blocks per file when several go at once */
+#define CP_REDO 1     /* the object there differs: upload after all */
+
+struct cp_file;
 
 struct cp_blk {
 	struct cp *cp;
+	struct cp_file *f; /* whose it is while out of the pool */
 	uint8_t *buf;
 	struct gcs_op *op; /* gs:// source: the read in flight */
 	uint64_t off;
 	size_t len, got;
 };
 
+struct cp_dst {
+	int fd;               /* DIR */
+	char *tmp, *final;    /* DIR: temporary and final path */
+	struct gcs_upload *u; /* gs:// */
+	int final_done;       /* DIR: renamed into place */
+	int present;          /* gs://: the object is there already, same
+				 size: only its crc32c is compared */
+	uint32_t crc, want_crc;
+};
+
+/* One file being copied: its reads in file order, its destination. */
+struct cp_file {
+	const fmt_file_entry *fe;
+	char *src;
+	int fd; /* DIR source */
+	XXH3_state_t *hs;
+	uint64_t issued, written;
+	uint64_t done0; /* cp->done when this pass began */
+	struct cp_dst d;
+	struct cp_blk **fifo; /* [per] */
+	size_t head, count;
+	unsigned held; /* its blocks not back in the pool */
+	int finishing, done;
+};
+
 struct cp {
 	ckpt_reader *r;
 	eng_loc *dst;
 	struct gcs_client *gc; /* for every gs:// side (one loop) */
-	struct cp_blk blk[CP_NBLK];
-	struct cp_blk *freel[CP_NBLK];
+	struct cp_blk *blk;
+	size_t nblk, per; /* per: blocks one file may hold */
+	struct cp_blk **freel;
 	size_t nfree;
-	struct cp_blk *fifo[CP_NBLK];
-	size_t head, count;
 	uint64_t done, total;
 	ckpt_progress_fn fn;
 	void *arg;
 };
 
-/* the upload confirmed a block: back to the pool */
+static void blk_put(struct cp *cp, struct cp_blk *b)
+{
+	b->f->held--;
+	b->f = NULL;
+	cp->freel[cp->nfree++] = b;
+}
+
+/* the upload confirmed a block: back to the pool, and the loop's
+ * gcs_poll ends to reuse it */
 static void cp_release(void *arg)
 {
 	struct cp_blk *b = arg;
 
-	b->cp->freel[b->cp->nfree++] = b;
+	blk_put(b->cp, b);
+	gcs_wakeup(b->cp->gc);
 }
 
 static const char *cp_obj(const eng_loc *l, const char *path)
@@ -118,68 +160,44 @@ static int cp_src_open(struct cp *cp, const fmt_file_entry *fe, const char *src,
 	return 0;
 }
 
-/* Issues reads while blocks are free; a DIR source reads at once. */
-static int cp_issue(struct cp *cp, const char *src, int fd, uint64_t size,
-		    uint64_t *issued)
+/* Issues reads of f while it may hold more blocks; a DIR source reads at
+ * once. */
+static int cp_issue(struct cp *cp, struct cp_file *f)
 {
 	ckpt_reader *r = cp->r;
+	uint64_t size = f->fe->size;
 	int rc;
 
-	while (*issued < size && cp->nfree > 0 && cp->count < CP_NBLK) {
+	while (f->issued < size && cp->nfree > 0 && f->held < cp->per) {
 		struct cp_blk *b = cp->freel[--cp->nfree];
 
-		b->off = *issued;
-		b->len = (size_t)min_u64(CP_BLOCK, size - *issued);
+		b->f = f;
+		f->held++;
+		b->off = f->issued;
+		b->len = (size_t)min_u64(CP_BLOCK, size - f->issued);
 		b->got = 0;
 		b->op = NULL;
 		if (r->loc) {
 			rc = gcs_start_read(cp->gc, r->loc->bucket,
-					    cp_obj(r->loc, src), b->off, b->len,
-					    b->buf, &b->got, &b->op);
+					    cp_obj(r->loc, f->src), b->off,
+					    b->len, b->buf, &b->got, &b->op);
 		} else {
-			rc = eng_pread_all(fd, b->buf, b->len, b->off);
+			rc = eng_pread_all(f->fd, b->buf, b->len, b->off);
 			b->got = b->len;
 		}
 		if (rc < 0) {
-			cp->freel[cp->nfree++] = b;
+			blk_put(cp, b);
 			return eng_err(r->errmsg, eng_gcs_code(rc),
-				       "%s offset %llu: read: %s", src,
+				       "%s offset %llu: read: %s", f->src,
 				       (ull)b->off,
 				       r->loc ? gcs_errmsg(cp->gc) :
 						ckpt_strerror(rc));
 		}
-		cp->fifo[(cp->head + cp->count++) % CP_NBLK] = b;
-		*issued += b->len;
+		f->fifo[(f->head + f->count++) % cp->per] = b;
+		f->issued += b->len;
 	}
 	return 0;
 }
-
-/* Drops reads still in flight (an error path). */
-static void cp_drain(struct cp *cp)
-{
-	while (cp->count > 0) {
-		struct cp_blk *b = cp->fifo[cp->head];
-
-		cp->head = (cp->head + 1) % CP_NBLK;
-		cp->count--;
-		gcs_op_free(b->op);
-		b->op = NULL;
-		cp->freel[cp->nfree++] = b;
-	}
-	cp->head = 0;
-}
-
-struct cp_dst {
-	int fd;               /* DIR */
-	char *tmp, *final;    /* DIR: temporary and final path */
-	struct gcs_upload *u; /* gs:// */
-	int final_done;       /* DIR: renamed into place */
-	int present;          /* gs://: the object is there already, same
-				 size: only its crc32c is compared */
-	uint32_t crc, want_crc;
-};
-
-#define CP_REDO 1 /* the object there differs: upload after all */
 
 static int cp_dst_open(struct cp *cp, const fmt_file_entry *fe,
 		       struct cp_dst *d, int reuse)
@@ -236,7 +254,7 @@ static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
 
 	if (d->present) {
 		d->crc = gcs_crc32c(d->crc, b->buf, b->got);
-		cp->freel[cp->nfree++] = b;
+		blk_put(cp, b);
 		return 0;
 	}
 	if (d->u) {
@@ -250,7 +268,7 @@ static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
 		return 0;
 	}
 	rc = eng_pwrite_all(d->fd, b->buf, b->got, b->off);
-	cp->freel[cp->nfree++] = b;
+	blk_put(cp, b);
 	if (rc < 0)
 		return eng_err(cp->r->errmsg, rc, "%s: write: %s", d->tmp,
 			       ckpt_strerror(rc));
@@ -261,7 +279,15 @@ static int cp_dst_put(struct cp *cp, struct cp_dst *d, struct cp_blk *b)
 	return 0;
 }
 
-/* Makes the file final: its bytes checked, then rename or last piece. */
+static int cp_upload_err(struct cp *cp, struct cp_dst *d, int rc)
+{
+	return eng_err(cp->r->errmsg, rc < 0 ? eng_gcs_code(rc) : -EIO,
+		       "gs://%s/%s: upload: %s", cp->dst->bucket, d->final,
+		       gcs_op_errmsg(gcs_upload_op(d->u)));
+}
+
+/* Makes the file final once its bytes were checked: rename, or the
+ * upload's last piece (answered later: cp_dst_done). */
 static int cp_dst_finish(struct cp *cp, struct cp_dst *d)
 {
 	ckpt_reader *r = cp->r;
@@ -271,14 +297,7 @@ static int cp_dst_finish(struct cp *cp, struct cp_dst *d)
 		return d->crc == d->want_crc ? 0 : CP_REDO;
 	if (d->u) {
 		rc = gcs_upload_finish(d->u, NULL);
-		if (rc == 0)
-			rc = gcs_op_wait(gcs_upload_op(d->u));
-		if (rc < 0)
-			return eng_err(r->errmsg, eng_gcs_code(rc),
-				       "gs://%s/%s: upload: %s",
-				       cp->dst->bucket, d->final,
-				       gcs_op_errmsg(gcs_upload_op(d->u)));
-		return 0;
+		return rc < 0 ? cp_upload_err(cp, d, rc) : 0;
 	}
 	rc = eng_fsync(d->fd);
 	if (rc == 0) {
@@ -296,6 +315,19 @@ static int cp_dst_finish(struct cp *cp, struct cp_dst *d)
 	return 0;
 }
 
+/* After cp_dst_finish: 1 when the destination has the file, 0 not yet. */
+static int cp_dst_done(struct cp *cp, struct cp_dst *d)
+{
+	int rc;
+
+	if (!d->u)
+		return 1;
+	if (!gcs_op_done(gcs_upload_op(d->u)))
+		return 0;
+	rc = gcs_op_wait(gcs_upload_op(d->u));
+	return rc < 0 ? cp_upload_err(cp, d, rc) : 1;
+}
+
 static void cp_dst_close(struct cp *cp, struct cp_dst *d)
 {
 	(void)cp;
@@ -308,109 +340,181 @@ static void cp_dst_close(struct cp *cp, struct cp_dst *d)
 	free(d->final);
 }
 
-/* One pass over a file; reuse: an object already at the destination
- * with the same size and crc32c is kept (CP_REDO if it differs). */
-static int cp_file_pass(struct cp *cp, const fmt_file_entry *fe, int reuse)
+/* Ends a pass over f: reads in flight dropped, blocks back. */
+static void cp_file_close(struct cp *cp, struct cp_file *f)
+{
+	while (f->count > 0) {
+		struct cp_blk *b = f->fifo[f->head];
+
+		f->head = (f->head + 1) % cp->per;
+		f->count--;
+		gcs_op_free(b->op);
+		b->op = NULL;
+		blk_put(cp, b);
+	}
+	cp_dst_close(cp, &f->d);
+	if (f->fd >= 0)
+		eng_close(f->fd);
+	XXH3_freeState(f->hs);
+	free(f->src);
+	free(f->fifo);
+	memset(f, 0, sizeof(*f));
+	f->fd = -1;
+}
+
+/* A pass over a file; reuse: an object already at the destination with
+ * the same size and crc32c is kept (CP_REDO if it differs). */
+static int cp_file_open(struct cp *cp, struct cp_file *f,
+			const fmt_file_entry *fe, int reuse)
 {
 	ckpt_reader *r = cp->r;
-	char *src = eng_path("%s/%s", r->stepdir, fe->name);
-	XXH3_state_t *hs = XXH3_createState();
-	struct cp_dst d = { -1, NULL, NULL, NULL, 0, 0, 0, 0 };
-	uint64_t issued = 0, written = 0;
-	int fd = -1, rc;
+	int rc;
 
-	if (!src || !hs) {
-		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
-		goto out;
-	}
-	XXH3_64bits_reset(hs);
-	rc = cp_src_open(cp, fe, src, &fd);
-	if (rc == 0)
-		rc = cp_dst_open(cp, fe, &d, reuse);
-	while (rc == 0 && written < fe->size) {
+	memset(f, 0, sizeof(*f));
+	f->fd = -1;
+	f->d.fd = -1;
+	f->fe = fe;
+	f->done0 = cp->done;
+	f->src = eng_path("%s/%s", r->stepdir, fe->name);
+	f->hs = XXH3_createState();
+	f->fifo = calloc(cp->per, sizeof(*f->fifo));
+	if (!f->src || !f->hs || !f->fifo)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	XXH3_64bits_reset(f->hs);
+	rc = cp_src_open(cp, fe, f->src, &f->fd);
+	return rc ? rc : cp_dst_open(cp, fe, &f->d, reuse);
+}
+
+/* Moves f on as far as it can without waiting: reads issued, blocks
+ * that arrived (in file order) hashed and handed to the destination,
+ * then the whole-file check and the finish. Sets *moved if anything
+ * happened; f->done once the destination has the file. */
+static int cp_file_step(struct cp *cp, struct cp_file *f, int *moved)
+{
+	ckpt_reader *r = cp->r;
+	const fmt_file_entry *fe = f->fe;
+	int rc = 0;
+
+	if (!f->finishing && f->d.u && gcs_op_done(gcs_upload_op(f->d.u)))
+		return cp_upload_err(cp, &f->d,
+				     gcs_op_wait(gcs_upload_op(f->d.u)));
+	while (!f->finishing && f->written < fe->size) {
 		struct cp_blk *b;
 
-		rc = cp_issue(cp, src, fd, fe->size, &issued);
-		if (rc < 0)
+		rc = cp_issue(cp, f);
+		if (rc < 0 || f->count == 0)
 			break;
-		if (cp->count == 0) {
-			/* every block is with the upload: let it go on */
-			gcs_poll(cp->gc, 50);
-			if (d.u && gcs_op_done(gcs_upload_op(d.u))) {
-				int e = gcs_op_wait(gcs_upload_op(d.u));
-
-				rc = eng_err(r->errmsg,
-					     e < 0 ? eng_gcs_code(e) : -EIO,
-					     "gs://%s/%s: upload: %s",
-					     cp->dst->bucket, d.final,
-					     gcs_op_errmsg(gcs_upload_op(d.u)));
-			}
-			continue;
-		}
-		b = cp->fifo[cp->head];
+		b = f->fifo[f->head];
 		if (b->op) {
+			if (!gcs_op_done(b->op))
+				break;
 			rc = gcs_op_wait(b->op);
 			if (rc < 0)
-				rc = eng_err(r->errmsg, eng_gcs_code(rc),
-					     "%s/%s offset %llu: read: %s",
-					     r->dname, fe->name, (ull)b->off,
-					     gcs_op_errmsg(b->op));
+				return eng_err(r->errmsg, eng_gcs_code(rc),
+					       "%s/%s offset %llu: read: %s",
+					       r->dname, fe->name, (ull)b->off,
+					       gcs_op_errmsg(b->op));
+			if (b->got < b->len)
+				return eng_err(r->errmsg, CKPT_E_CORRUPT,
+					       "%s/%s offset %llu: object ends "
+					       "there (%llu bytes recorded)",
+					       r->dname, fe->name,
+					       (ull)(b->off + b->got),
+					       (ull)fe->size);
 			gcs_op_free(b->op);
 			b->op = NULL;
-			if (rc == 0 && b->got < b->len)
-				rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-					     "%s/%s offset %llu: object ends "
-					     "there (%llu bytes recorded)",
-					     r->dname, fe->name,
-					     (ull)(b->off + b->got),
-					     (ull)fe->size);
-			if (rc < 0)
-				break;
 		}
-		cp->head = (cp->head + 1) % CP_NBLK;
-		cp->count--;
-		XXH3_64bits_update(hs, b->buf, b->got);
-		written += b->got;
-		if (written == fe->size && XXH3_64bits_digest(hs) != fe->xxh3) {
-			cp->freel[cp->nfree++] = b;
-			rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-				     "%s/%s: whole-file checksum mismatch "
-				     "while copying",
-				     r->dname, fe->name);
-			break;
+		f->head = (f->head + 1) % cp->per;
+		f->count--;
+		*moved = 1;
+		XXH3_64bits_update(f->hs, b->buf, b->got);
+		f->written += b->got;
+		if (f->written == fe->size &&
+		    XXH3_64bits_digest(f->hs) != fe->xxh3) {
+			blk_put(cp, b);
+			return eng_err(r->errmsg, CKPT_E_CORRUPT,
+				       "%s/%s: whole-file checksum mismatch "
+				       "while copying",
+				       r->dname, fe->name);
 		}
-		rc = cp_dst_put(cp, &d, b);
+		rc = cp_dst_put(cp, &f->d, b);
 		cp->done += b->got;
 		if (rc == 0 && cp->fn && cp->fn(cp->arg, cp->done, cp->total))
 			rc = eng_err(r->errmsg, CKPT_E_CANCELED,
 				     "canceled by the progress callback");
+		if (rc < 0)
+			return rc;
 	}
-	if (rc == 0 && fe->size == 0 && XXH3_64bits_digest(hs) != fe->xxh3)
-		rc = eng_err(r->errmsg, CKPT_E_CORRUPT,
-			     "%s/%s: whole-file checksum mismatch while "
-			     "copying",
-			     r->dname, fe->name);
-	if (rc == 0)
-		rc = cp_dst_finish(cp, &d);
-out:
-	cp_drain(cp);
-	cp_dst_close(cp, &d);
-	if (fd >= 0)
-		eng_close(fd);
-	XXH3_freeState(hs);
-	free(src);
+	if (rc < 0 || f->written < fe->size)
+		return rc;
+	if (!f->finishing) {
+		if (fe->size == 0 && XXH3_64bits_digest(f->hs) != fe->xxh3)
+			return eng_err(r->errmsg, CKPT_E_CORRUPT,
+				       "%s/%s: whole-file checksum mismatch "
+				       "while copying",
+				       r->dname, fe->name);
+		rc = cp_dst_finish(cp, &f->d);
+		if (rc)
+			return rc;
+		f->finishing = 1;
+		*moved = 1;
+	}
+	rc = cp_dst_done(cp, &f->d);
+	if (rc == 1) {
+		f->done = 1;
+		*moved = 1;
+		rc = 0;
+	}
 	return rc;
 }
 
-static int cp_file(struct cp *cp, const fmt_file_entry *fe)
+/* Every file of the step, k at once (each with cp->per blocks), over the
+ * one client loop; the first error ends the copy. */
+static int cp_files(struct cp *cp, size_t k)
 {
-	uint64_t done = cp->done;
-	int rc = cp_file_pass(cp, fe, 1);
+	ckpt_reader *r = cp->r;
+	struct cp_file *fs = calloc(k, sizeof(*fs));
+	size_t next = 0, nact = 0, i;
+	int rc = 0;
 
-	if (rc == CP_REDO) {
-		cp->done = done;
-		rc = cp_file_pass(cp, fe, 0);
+	if (!fs)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	for (i = 0; i < k; i++)
+		fs[i].fd = fs[i].d.fd = -1;
+	while (rc == 0 && (nact > 0 || next < r->cm.nfiles)) {
+		int moved = 0;
+
+		for (i = 0; i < k && rc == 0; i++) {
+			struct cp_file *f = &fs[i];
+
+			if (!f->fe && next < r->cm.nfiles) {
+				nact++;
+				moved = 1;
+				rc = cp_file_open(cp, f, &r->cm.files[next++],
+						  1);
+			}
+			if (!f->fe || rc < 0)
+				continue;
+			rc = cp_file_step(cp, f, &moved);
+			if (rc == CP_REDO) {
+				const fmt_file_entry *fe = f->fe;
+
+				cp->done = f->done0;
+				cp_file_close(cp, f);
+				rc = cp_file_open(cp, f, fe, 0);
+				moved = 1;
+			} else if (rc == 0 && f->done) {
+				cp_file_close(cp, f);
+				nact--;
+			}
+		}
+		if (rc == 0 && !moved && cp->gc)
+			gcs_poll(cp->gc, 50);
 	}
+	for (i = 0; i < k; i++)
+		if (fs[i].fe || fs[i].src || fs[i].hs)
+			cp_file_close(cp, &fs[i]);
+	free(fs);
 	return rc;
 }
 
@@ -474,6 +578,7 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 	struct cp *cp = NULL;
 	char err[ENG_ERRMSG_MAX];
 	int rc, created = 0;
+	size_t k = 1;
 	fmt_commit tmpcm;
 
 	if (!r)
@@ -510,7 +615,20 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 		goto out;
 	}
 	cp->gc = r->loc ? r->loc->priv : cp->dst->priv;
-	for (size_t i = 0; i < CP_NBLK; i++) {
+	/* to gs://: every file at once, up to the parallel streams */
+	if (cp->dst->priv)
+		k = min_u64(eng_gcs_streams(), r->cm.nfiles);
+	if (k < 1)
+		k = 1;
+	cp->nblk = k > 1 ? k * CP_PER_FILE : CP_NBLK;
+	cp->per = cp->nblk / k;
+	cp->blk = calloc(cp->nblk, sizeof(*cp->blk));
+	cp->freel = calloc(cp->nblk, sizeof(*cp->freel));
+	if (!cp->blk || !cp->freel) {
+		rc = eng_err(r->errmsg, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < cp->nblk; i++) {
 		cp->blk[i].cp = cp;
 		cp->blk[i].buf = malloc(CP_BLOCK);
 		if (!cp->blk[i].buf) {
@@ -526,8 +644,7 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 	cp->total = r->commit_size;
 	for (size_t i = 0; i < r->cm.nfiles; i++)
 		cp->total += r->cm.files[i].size;
-	for (size_t i = 0; i < r->cm.nfiles && rc == 0; i++)
-		rc = cp_file(cp, &r->cm.files[i]);
+	rc = cp_files(cp, k);
 	if (rc == 0) {
 		rc = cp->dst->be->sync(cp->dst, r->dname, err);
 		if (rc < 0)
@@ -556,8 +673,10 @@ out:
 		eng_err(r->errmsg, rc, "%s", saved);
 	}
 	if (cp) {
-		for (size_t i = 0; i < CP_NBLK; i++)
+		for (size_t i = 0; cp->blk && i < cp->nblk; i++)
 			free(cp->blk[i].buf);
+		free(cp->blk);
+		free(cp->freel);
 		eng_loc_close(cp->dst);
 		free(cp);
 	}

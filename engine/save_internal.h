@@ -8,7 +8,8 @@
  *     encode.c    worker threads: hash, codec, chunk framing
  *     writer.c    writer thread: dispatch to sinks, index, commit (commit.c)
  *     sink_local.c the local shard-file sink (io_uring / pwrite)
- *     sink_gcs.c   the upload sink (Cloud Storage; journal.c)
+ *     sink_gcs.c   the upload sink (Cloud Storage; sink_gcs_up.c, its
+ *                  thread; sink_gcs_bg.c, steps after the save; journal.c)
  *   pool.c        buffers, refcounts, free lists, job status (bottom layer)
  *
  * save.c, encode.c, writer.c and the sinks never call each other: they meet

@@ -107,8 +107,8 @@ struct gcs_stats {
 void gcs_get_stats(const struct gcs_client *c, struct gcs_stats *st);
 
 /* Drive transfers for at most timeout_ms (0: only what is ready now);
- * returns early when nothing is running or after gcs_wakeup(). Returns
- * the number of operations still running. */
+ * returns early when nothing is running, when an operation completed or
+ * after gcs_wakeup(). Returns the number of operations still running. */
 int gcs_poll(struct gcs_client *c, int timeout_ms);
 /* The one call another thread may make: ends the owner's gcs_poll() (or
  * the next one) early, e.g. after queueing data for it to append. */
@@ -179,6 +179,14 @@ int gcs_upload_resume(struct gcs_client *c, const char *bucket,
 		      const char *name, const char *session_uri,
 		      const struct gcs_upload_opts *opts, uint64_t *persisted,
 		      struct gcs_upload **out);
+/* The same without waiting: the status query is sent and driven by
+ * gcs_poll(); gcs_upload_reattached() returns 0 until it was answered,
+ * then 1 with *persisted set (append from there on), or the error. */
+int gcs_upload_reattach(struct gcs_client *c, const char *bucket,
+			const char *name, const char *session_uri,
+			const struct gcs_upload_opts *opts,
+			struct gcs_upload **out);
+int gcs_upload_reattached(struct gcs_upload *u, uint64_t *persisted);
 /* Session URI once known (NULL before); bytes the server confirmed. */
 const char *gcs_upload_session(const struct gcs_upload *u);
 uint64_t gcs_upload_persisted(const struct gcs_upload *u);

@@ -617,6 +617,10 @@ void op_finish(struct gcs_op *op, int rc)
 	op->rc = rc;
 	if (rc && op->c)
 		snprintf(op->c->msg, sizeof(op->c->msg), "%s", op->msg);
+	/* gcs_poll returns once this turn is over: its caller (gcs_op_wait
+	 * included) sees the result now, not at the end of its timeout */
+	if (op->c)
+		atomic_store(&op->c->woken, 1);
 }
 
 /* ---- the loop ---- */

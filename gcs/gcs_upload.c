@@ -405,13 +405,12 @@ int gcs_upload_start(struct gcs_client *c, const char *bucket, const char *name,
 	return 0;
 }
 
-int gcs_upload_resume(struct gcs_client *c, const char *bucket,
-		      const char *name, const char *session_uri,
-		      const struct gcs_upload_opts *opts, uint64_t *persisted,
-		      struct gcs_upload **out)
+int gcs_upload_reattach(struct gcs_client *c, const char *bucket,
+			const char *name, const char *session_uri,
+			const struct gcs_upload_opts *opts,
+			struct gcs_upload **out)
 {
 	struct gcs_upload *u = upload_new(c, bucket, name, opts);
-	int rc;
 
 	*out = NULL;
 	if (!u)
@@ -427,19 +426,44 @@ int gcs_upload_resume(struct gcs_client *c, const char *bucket,
 		return -ENOMEM;
 	}
 	kick(u);
-	while (u->querying && !u->op.done)
+	*out = u;
+	return 0;
+}
+
+int gcs_upload_reattached(struct gcs_upload *u, uint64_t *persisted)
+{
+	if (u->op.done && u->op.rc)
+		return u->op.rc;
+	if (!u->op.done && u->reattach)
+		return 0;
+	if (u->crc_from == UINT64_MAX) {
+		/* the server's word; data and crc continue from here */
+		u->appended = u->persisted;
+		u->crc_from = u->persisted;
+		if (u->op.done)
+			u->finishing = 1; /* it was already complete */
+	}
+	*persisted = u->persisted;
+	return 1;
+}
+
+int gcs_upload_resume(struct gcs_client *c, const char *bucket,
+		      const char *name, const char *session_uri,
+		      const struct gcs_upload_opts *opts, uint64_t *persisted,
+		      struct gcs_upload **out)
+{
+	struct gcs_upload *u;
+	int rc = gcs_upload_reattach(c, bucket, name, session_uri, opts, &u);
+
+	*out = NULL;
+	if (rc < 0)
+		return rc;
+	while ((rc = gcs_upload_reattached(u, persisted)) == 0)
 		gcs_poll(c, 1000);
-	if (u->op.done && u->op.rc) {
-		rc = u->op.rc;
+	if (rc < 0) {
 		gcs_upload_free(u);
 		return rc;
 	}
-	/* the server's word; data and crc continue from here */
-	u->appended = u->persisted;
-	u->crc_from = u->persisted;
-	if (u->op.done)
-		u->finishing = 1; /* it was already complete */
-	*persisted = u->persisted;
 	*out = u;
 	return 0;
 }

@@ -10,7 +10,8 @@ Usage: /usr/bin/python3 tests/test_gcs_fidelity.py protocol|gcloud|node
             retry-test interface, spoken with http.client;
   gcloud    Google's gcloud CLI (`gcloud storage cp/ls/cat`, up and down, a
             small file and a >150 MiB one so that resumable, parallel
-            composite and sliced transfers are used), through a private
+            composite and sliced transfers are used; `cp -r` of a
+            directory tree up and down), through a private
             CLOUDSDK_CONFIG with api_endpoint_overrides/storage;
   node      the official Node client @google-cloud/storage (pinned below),
             installed with npm into $CKPT_NPM_CACHE/@google-cloud+storage-V
@@ -616,6 +617,32 @@ def run_gcloud():
         check(st2["methods"].get("storage.objects.get", 0) >
               st["methods"].get("storage.objects.get", 0),
               "downloads went to the fake server")
+        # a directory tree: `cp -r` asks the bucket's storage layout first
+        tree = os.path.join(tmp, "tree")
+        os.makedirs(os.path.join(tree, "sub"))
+        leaves = {"a.bin": os.urandom(3000),
+                  os.path.join("sub", "b.bin"): os.urandom(5000)}
+        for rel, data in leaves.items():
+            with open(os.path.join(tree, rel), "wb") as f:
+                f.write(data)
+        rdest = "gs://%s/r/" % BUCKET
+        p = g("storage", "cp", "-r", tree, rdest)
+        check(p.returncode == 0, "gcloud storage cp -r DIR up")
+        p = g("storage", "ls", "-r", rdest + "**")
+        names = sorted(p.stdout.decode().split())
+        check(names == [rdest + "tree/a.bin", rdest + "tree/sub/b.bin"],
+              "gcloud storage cp -r: the tree's objects: %r" % names)
+        rdown = os.path.join(tmp, "rdown")
+        os.mkdir(rdown)
+        p = g("storage", "cp", "-r", rdest + "tree", rdown)
+        same = p.returncode == 0
+        for rel, data in leaves.items():
+            try:
+                with open(os.path.join(rdown, "tree", rel), "rb") as f:
+                    same = same and f.read() == data
+            except OSError:
+                same = False
+        check(same, "gcloud storage cp -r down: the tree byte-identical")
         # errors as the real service reports them
         p = g("storage", "cp", "--if-generation-match=0",
               os.path.join(up, "small.bin"), dest + "small.bin", ok=False)

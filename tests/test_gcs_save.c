@@ -11,9 +11,12 @@
  * the server's random faults (10%: 503, 429, resets, broken streams,
  * stalls) lands byte-identical with no stray objects, retries counted and
  * printed; an upload that cannot succeed (no such bucket) is reported by
- * ckpt_upload_wait, the upload status and the sink status, and leaves its
- * journal, which keeps the step from retention unless gc is told; a
- * local file changed before its upload resumed is not uploaded. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
+ * the upload status and the sink status, by the handle's message after
+ * the next save (whose own result is 0) and by ckpt_upload_wait, and
+ * leaves its journal, which keeps the step from retention unless gc is told; a
+ * local file changed before its upload resumed is not uploaded; a copy
+ * to gs:// (ckptctl push) uploads the files at once, bounded by the
+ * streams setting. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
 #include "test_gcs_util.h"
@@ -133,16 +136,24 @@ START_TEST(both_basic)
 }
 END_TEST
 
-/* 8 slots of 1 MiB: the uploader may hold 2 and is detached whenever the
- * server is slower than the disk; it catches up from the files. */
+/* 8 slots of 1 MiB: the uploader may hold 2, fewer than a piece: it
+ * reads every chunk from the local file once the local sink wrote it, and
+ * is never detached for lagging. */
 START_TEST(both_lagging)
 {
 	char *dir = tu_path("%s/lag", tu_tmpdir());
 	ckpt *c = open_both(dir, "gs://" BUCKET "/lag", 8u << 20, 1u << 20);
+	ckpt_sink_status ss[2];
+	size_t n = 0;
 	tu_set set;
 
 	make_set(&set, 48, 7);
 	save_and_check(c, dir, "lag", 5, &set);
+	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_msg(ss[1].status == 0, "sink gcs: %d %s", ss[1].status,
+		      ss[1].msg);
+	ck_assert_uint_le(ss[1].max_held, 2);
 	read_back(dir, 5, &set);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	tu_set_free(&set);
@@ -158,6 +169,8 @@ START_TEST(both_no_bucket)
 	ckpt_upload_status us;
 	ckpt_sink_status ss[2];
 	ckpt_gc_report rep;
+	char m4[512];
+	const char *told;
 	size_t n;
 	tu_set set;
 	int r;
@@ -165,19 +178,35 @@ START_TEST(both_no_bucket)
 	make_set(&set, 4, 3);
 	/* the local save is not affected */
 	ck_assert_int_eq(tu_save(c, 4, &set), 0);
+	/* without ckpt_upload_wait: the status says so once it failed... */
+	for (n = 0; n < 60000; n++) {
+		ck_assert_int_eq(ckpt_upload_status_get(c, &us), 0);
+		if (us.state == CKPT_UPLOAD_FAILED)
+			break;
+		usleep(1000);
+	}
+	ck_assert_int_eq(us.state, CKPT_UPLOAD_FAILED);
+	ck_assert_int_lt(us.status, 0);
+	ck_assert_ptr_nonnull(strstr(us.msg, "step 4"));
+	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
+	ck_assert_int_lt(ss[1].status, 0);
+	/* ...and the training loop is told in the handle's message, by the
+	 * end of that save (if it failed by then) or by the next one, whose
+	 * own result is still 0 */
+	snprintf(m4, sizeof(m4), "%s", ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_save(c, 9, NULL, 0), 0);
+	ck_assert_int_eq(ckpt_wait(c), 0);
+	told = strstr(m4, "step 4") ? m4 : ckpt_errmsg(c);
+	ck_assert_msg(strstr(told, "step 4") && strstr(told, "no-such-bucket"),
+		      "%s / %s", m4, ckpt_errmsg(c));
 	r = ckpt_upload_wait(c, -1);
 	ck_assert_int_lt(r, 0);
 	ck_assert_ptr_nonnull(strstr(ckpt_errmsg(c), "no-such-bucket"));
 	ck_assert_int_eq(ckpt_upload_status_get(c, &us), 0);
 	ck_assert_int_eq(us.state, CKPT_UPLOAD_FAILED);
 	ck_assert_int_eq(us.status, r);
-	ck_assert_ptr_nonnull(strstr(us.msg, "step 4"));
-	ck_assert_int_eq(ckpt_sink_status_get(c, ss, 2, &n), 0);
-	ck_assert_int_lt(ss[1].status, 0);
 	ck_assert_int_eq(access(j, F_OK), 0);
 	/* gc keeps a step whose upload is unfinished unless told */
-	ck_assert_int_eq(ckpt_save(c, 9, NULL, 0), 0);
-	ckpt_wait(c);
 	ck_assert_int_eq(ckpt_gc(c, 1, 0, 0, NULL, NULL, &rep), 0);
 	ck_assert_uint_eq(rep.steps_removed, 0);
 	read_back(dir, 4, &set);
@@ -293,6 +322,85 @@ START_TEST(both_corrupt_local)
 }
 END_TEST
 
+/* The progress callback of a copy to gs:// asks the server how many
+ * resumable uploads are open at that moment and keeps the most. */
+struct open_seen {
+	char url[192];
+	long max_open;
+};
+
+static int count_open(void *arg, uint64_t done, uint64_t total)
+{
+	struct open_seen *o = arg;
+	char *stats = NULL, *p;
+
+	(void)done;
+	(void)total;
+	ck_assert_int_eq(gt_http("GET", o->url, NULL, &stats), 200);
+	p = stats ? strstr(stats, "\"uploads_open\"") : NULL;
+	ck_assert_ptr_nonnull(p);
+	p = strchr(p, ':');
+	if (p && strtol(p + 1, NULL, 10) > o->max_open)
+		o->max_open = strtol(p + 1, NULL, 10);
+	free(stats);
+	return 0;
+}
+
+/* Copies step 6 of dir to gs://BUCKET/prefix counting the uploads open
+ * at once; the copy must be committed and complete. */
+static long copy_counted(const char *dir, const char *prefix,
+			 struct open_seen *o)
+{
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	ckpt_reader *r = NULL;
+	char why[512], *to = tu_path("gs://%s/%s", BUCKET, prefix);
+
+	o->max_open = 0;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
+	ck_assert_msg(ckpt_reader_copy(r, to, count_open, o) == 0, "%s",
+		      ckpt_reader_errmsg(r));
+	ckpt_reader_close(r);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, prefix, 6, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	gcs_client_free(gc);
+	free(to);
+	return o->max_open;
+}
+
+/* ckpt_reader_copy (ckptctl push) to gs:// uploads the shard files at
+ * once, as many as the parallel streams allow: with 4 files of 5 blocks
+ * (each may hold 4) every file needs the server before it can go on, so
+ * with the default streams several sessions are open together and with
+ * CKPT_GCS_STREAMS=1 never more than one. Both copies commit, verified. */
+START_TEST(copy_parallel)
+{
+	char *dir = tu_path("%s/par", tu_tmpdir());
+	struct open_seen o;
+	ckpt_settings s;
+	ckpt *c = NULL;
+	tu_set set;
+
+	ckpt_settings_default(&s);
+	s.codec = CKPT_CODEC_NONE;
+	s.threads = 2;
+	s.files_per_host = 4;
+	ck_assert_int_eq(ckpt_open(&c, dir, &s), 0);
+	make_set(&set, 160, 31);
+	ck_assert_int_eq(tu_save(c, 6, &set), 0);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	snprintf(o.url, sizeof(o.url), "%s/_fake/stats", gk_srv.url);
+	ck_assert_msg(copy_counted(dir, "par", &o) >= 2,
+		      "uploads open at once: %ld", o.max_open);
+	read_back("gs://" BUCKET "/par", 6, &set);
+	setenv("CKPT_GCS_STREAMS", "1", 1);
+	ck_assert_int_eq(copy_counted(dir, "par1", &o), 1);
+	unsetenv("CKPT_GCS_STREAMS");
+	tu_set_free(&set);
+	free(dir);
+}
+END_TEST
+
 /* gs:// alone: the upload sink decides the save; ckpt_wait() returns
  * when the step is committed in the bucket. */
 START_TEST(alone)
@@ -352,7 +460,8 @@ int main(void)
 {
 	const TTest *const tests[] = { both_basic,     both_lagging,
 				       both_no_bucket, both_corrupt_local,
-				       both_soak,      alone };
+				       both_soak,      alone,
+				       copy_parallel };
 
 	return gk_main(BUCKET, "gcs_save", 900, tests,
 		       sizeof(tests) / sizeof(tests[0]));

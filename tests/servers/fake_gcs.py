@@ -27,7 +27,8 @@ What it implements (as Cloud Storage does; differences are marked FAKE):
   alias /resumable/upload/storage/v1/b/B/o, which gcloud's apitools uses),
   /download/storage/v1/b/B/o/NAME. ?alt=media downloads the bytes.
 - Buckets: insert (409 if it exists), get, list, patch/update, delete (409
-  when not empty). --bucket NAME precreates one (repeatable).
+  when not empty), getStorageLayout (flat namespace). --bucket NAME
+  precreates one (repeatable).
 - Uploads: uploadType=media (raw body, ?name=), multipart (multipart/related:
   a JSON metadata part, then the media part) and resumable: POST gives 200
   with `Location: http://HOST/upload/storage/v1/b/B/o?uploadType=resumable&
@@ -565,6 +566,9 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
                             self.h_bucket_patch, (b,)),
                     "DELETE": ("storage.buckets.delete",
                                self.h_bucket_delete, (b,))}.get(m)
+        if parts[2:] == ["storageLayout"] and m == "GET":
+            return ("storage.buckets.getStorageLayout",
+                    self.h_bucket_layout, (b,))
         if parts[2] != "o":
             return None
         if len(parts) == 3 or (len(parts) == 4 and parts[3] == ""):
@@ -615,6 +619,16 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
         with st.lock:
             b = st.bucket(name)
         self.send_json(200, b.resource(self.base()))
+
+    def h_bucket_layout(self, name):
+        # buckets.getStorageLayout (gcloud storage cp -r asks it first)
+        st = self.server.store
+        with st.lock:
+            r = st.bucket(name).resource(self.base())
+        self.send_json(200, {"kind": "storage#storageLayout",
+                             "bucket": name, "location": r["location"],
+                             "locationType": r["locationType"],
+                             "hierarchicalNamespace": {"enabled": False}})
 
     def h_bucket_patch(self, name):
         req = self.read_json()
