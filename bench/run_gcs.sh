@@ -18,6 +18,8 @@
 #   REPS=N        repeat everything N times, a fresh server each (default 1)
 #   BENCH_DIR=D   where the files and the server's objects go (default
 #                 $TMPDIR or /var/tmp; needs about 6 x SIZE per repetition)
+#   GCS_SERVER_ARGS="--no-md5"  extra fake_gcs.py options (--no-md5 lifts
+#                 the server's own ceiling: no MD5 of every upload)
 #   BASE_BUILD=B  a second build (e.g. of main): its bench_gcs runs the gcs
 #                 and both modes in the same repetition, for before/after
 # --full: then, for each SIZE, bench/run_gcs_restore.sh (restore from gs://
@@ -55,8 +57,10 @@ for size in $sizes; do
 for rep in $(seq "$reps"); do
 	tmp=$(mktemp -d "$dir/ckpt-gcsbench.XXXXXX")
 	mkdir -p "$tmp/store"
+	# shellcheck disable=SC2086 # GCS_SERVER_ARGS: words on purpose
 	$py "$here/tests/servers/fake_gcs.py" --port-file "$tmp/port" \
-		--bucket bkt --data-dir "$tmp/store" >"$tmp/server.log" 2>&1 &
+		--bucket bkt --data-dir "$tmp/store" ${GCS_SERVER_ARGS:-} \
+		>"$tmp/server.log" 2>&1 &
 	pid=$!
 	for _ in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
 	url=http://127.0.0.1:$(cat "$tmp/port")
