@@ -18,8 +18,10 @@
 #   REPS=N        repeat everything N times, a fresh server each (default 1)
 #   BENCH_DIR=D   where the files and the server's objects go (default
 #                 $TMPDIR or /var/tmp; needs about 6 x SIZE per repetition)
-#   GCS_SERVER_ARGS="--no-md5"  extra fake_gcs.py options (--no-md5 lifts
-#                 the server's own ceiling: no MD5 of every upload)
+#   GCS_SERVER_ARGS="--no-md5"  extra fake_gcs.py options. --no-md5 lifts
+#                 the server's own ceiling (no MD5 of every upload) for
+#                 ckpt's figures; gcloud then refuses its uploads (it
+#                 checks the md5Hash a simple object has on the service)
 #   BASE_BUILD=B  a second build (e.g. of main): its bench_gcs runs the gcs
 #                 and both modes in the same repetition, for before/after
 # --full: then, for each SIZE, bench/run_gcs_restore.sh (restore from gs://
