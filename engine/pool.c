@@ -277,6 +277,22 @@ int eng_pool_alloc(struct ckpt *c)
 			nout = 2 * c->nworkers + out_inflight;
 		if (nout < 1)
 			nout = 1;
+		/* gs:// alone: no device, but the upload holds a compressed
+		 * chunk's buffer until the piece it is in fills up and the
+		 * server confirms it, and a piece fills only with more
+		 * chunks. The sink sizes its pieces so that the unfilled
+		 * ones hold at most half the output buffers (piece_size in
+		 * sink_gcs.c); with a quarter of the pool (or 2 per worker
+		 * + 8) that made pieces of one chunk, every chunk copied.
+		 * Half the pool, at least 2 per file. */
+		if (c->remote_only) {
+			uint32_t nf =
+				c->s.files_per_host ? c->s.files_per_host : 1;
+
+			nout = (uint32_t)(budget / (2 * out_cap));
+			if (nout < 2 * nf)
+				nout = 2 * nf;
+		}
 		outs = (size_t)nout * out_cap;
 	}
 	/* Output buffers come out of the staging budget. */

@@ -406,12 +406,26 @@ static const eng_sink_ops gcs_sink_ops = {
  * its share of what the sink may hold (the lag bound; all of the pool for
  * gs:// alone), so another piece can fill while one is on the wire; a
  * piece is `budget` chunks, and chunks smaller than piece / budget are
- * copied (live_append). */
+ * copied (live_append). So a file's unfilled piece holds at most `budget`
+ * buffers (each staged one has more than piece / budget bytes), and the
+ * files' together at most half of `bufs`.
+ *
+ * With a codec, compressed chunks live in output buffers only, and an
+ * encode worker waits for a free one: counted in all buffers, the
+ * unfilled pieces could hold every output buffer while each needed
+ * another chunk to fill, and the save hung (gs:// alone, a compressing
+ * codec). So with a codec the budget is a share of the output buffers
+ * (pool.c gives gs:// alone at least 2 per file): the server confirming
+ * what was sent always leaves one free. */
 static void piece_size(gcs_sink *s, const struct ckpt *c, int direct)
 {
 	uint32_t nf = c->s.files_per_host ? c->s.files_per_host : 1;
 	uint64_t bufs = direct ? c->nslots + c->nout : c->sink_lag_max;
-	uint64_t budget = bufs / (2ull * nf), p;
+	uint64_t budget, p;
+
+	if (c->s.codec != CKPT_CODEC_NONE && bufs > c->nout)
+		bufs = c->nout;
+	budget = bufs / (2ull * nf);
 
 	if (budget < 1)
 		budget = 1;

@@ -16,7 +16,10 @@
  * leaves its journal, which keeps the step from retention unless gc is told; a
  * local file changed before its upload resumed is not uploaded; a copy
  * to gs:// (ckptctl push) uploads the files at once, bounded by the
- * streams setting. Sizes: CKPT_GCS_SOAK_MIB (default 256) for the soak.
+ * streams setting; gs:// alone with the float and the zstd codec
+ * (compressed chunks staged in output buffers) completes, under a
+ * watchdog, and reads back byte-identical. Sizes: CKPT_GCS_SOAK_MIB
+ * (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
 #include "test_gcs_util.h"
@@ -28,9 +31,11 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BUCKET "ckpt-save"
@@ -456,11 +461,129 @@ START_TEST(alone)
 }
 END_TEST
 
+/* ---- gs:// alone with a compressing codec --------------------------- */
+
+typedef struct watch {
+	ckpt *c;
+	uint64_t step;
+	const tu_set *set;
+	int rc, done;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+} watch;
+
+static void *watch_run(void *arg)
+{
+	watch *w = arg;
+	int rc = tu_save(w->c, w->step, w->set);
+
+	pthread_mutex_lock(&w->mu);
+	w->rc = rc;
+	w->done = 1;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+/* tu_save in a thread; fails the test if it has not returned after 300 s
+ * (times $CKPT_TEST_TIMEOUT_MULT): a hang, not a slow save. */
+static int save_watched(ckpt *c, uint64_t step, const tu_set *set,
+			const char *ctx)
+{
+	const char *m = getenv("CKPT_TEST_TIMEOUT_MULT");
+	int secs = 300 * (m && atoi(m) > 0 ? atoi(m) : 1), done;
+	watch w = { .c = c, .step = step, .set = set };
+	struct timespec dl;
+	pthread_t t;
+
+	pthread_mutex_init(&w.mu, NULL);
+	pthread_cond_init(&w.cv, NULL);
+	ck_assert_int_eq(pthread_create(&t, NULL, watch_run, &w), 0);
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += secs;
+	pthread_mutex_lock(&w.mu);
+	while (!w.done &&
+	       pthread_cond_timedwait(&w.cv, &w.mu, &dl) != ETIMEDOUT)
+		;
+	done = w.done;
+	pthread_mutex_unlock(&w.mu);
+	ck_assert_msg(done,
+		      "%s: save of step %" PRIu64 " hung (no return in %d s)",
+		      ctx, step, secs);
+	pthread_join(t, NULL);
+	return w.rc;
+}
+
+/*
+ * gs:// alone with the float and the zstd codec, default-sized chunks
+ * (4 MiB) and a pool whose pieces are capped (16 MiB): bf16 weights
+ * compress to more than a piece's share, so the compressed chunks are
+ * staged in output buffers until their piece fills. The unfilled pieces
+ * of the 4 files used to hold every output buffer while the encode
+ * workers waited for one, and the save hung. Read back byte-identical.
+ */
+static void alone_codec(int codec, const char *prefix)
+{
+	char *copy = tu_path("%s/copy-%s", tu_tmpdir(), prefix);
+	char *remote = tu_path("gs://%s/%s", BUCKET, prefix);
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	ckpt_settings s;
+	ckpt *c = NULL;
+	char why[512];
+	size_t i;
+	tu_set set;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = 256u << 20;
+	s.chunk_bytes = 4u << 20;
+	s.files_per_host = 4;
+	s.threads = 2;
+	s.codec = codec;
+	ck_assert_msg(ckpt_open(&c, remote, &s) == 0, "%s", ckpt_errmsg(NULL));
+	tu_set_init(&set);
+	for (i = 0; i < 8; i++) {
+		char name[32];
+		uint64_t shape[2] = { 1024 + i, 5 * 1024 };
+
+		snprintf(name, sizeof(name), "block%zu.w", i);
+		tu_set_add(&set, name, CKPT_BF16, 2, shape, 90 + i);
+	}
+	ck_assert_msg(save_watched(c, 1, &set, prefix) == 0, "%s: %s", prefix,
+		      ckpt_errmsg(c));
+	ck_assert_msg(save_watched(c, 2, &set, prefix) == 0, "%s: %s", prefix,
+		      ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_close(c), 0);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, prefix, 2, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	read_back(remote, 1, &set);
+	read_back(remote, 2, &set);
+	ck_assert_int_eq(gk_download(gc, BUCKET, prefix, copy), 0);
+	read_back(copy, 2, &set);
+	gcs_client_free(gc);
+	tu_set_free(&set);
+	free(remote);
+	free(copy);
+}
+
+START_TEST(alone_float)
+{
+	alone_codec(CKPT_CODEC_FLOAT, "alone-float");
+}
+END_TEST
+
+START_TEST(alone_zstd)
+{
+	alone_codec(CKPT_CODEC_ZSTD, "alone-zstd");
+}
+END_TEST
+
 int main(void)
 {
 	const TTest *const tests[] = { both_basic,     both_lagging,
 				       both_no_bucket, both_corrupt_local,
 				       both_soak,      alone,
+				       alone_float,    alone_zstd,
 				       copy_parallel };
 
 	return gk_main(BUCKET, "gcs_save", 900, tests,
