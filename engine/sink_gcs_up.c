@@ -146,6 +146,19 @@ static int live_check(gcs_sink *s, up_step *u)
 	return 0;
 }
 
+/* An append refused (the upload failed before it, as a missing bucket's
+ * does): says so, naming the object, before live_drop frees the upload. */
+static void append_failed(gcs_sink *s, const up_step *u, const up_item *it,
+			  int r)
+{
+	const up_file *f = &u->f[it->file];
+	const char *m = f->u ? gcs_op_errmsg(gcs_upload_op(f->u)) : NULL;
+
+	r = eng_gcs_code(r);
+	eng_sink_fail(&s->base, s->live_job, r, "gs://%s/%s: %s", s->bucket,
+		      f->object, m && *m ? m : ckpt_strerror(r));
+}
+
 /* Closes f's upload (its buffers go back), keeping the session and what
  * the server confirmed: the background resumes it from the local file. */
 static void close_upload(up_file *f)
@@ -555,9 +568,14 @@ void *up_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 
 		for (i = 0; i < n; i++) {
+			int r = 0;
+
 			if (live && !live->dropped && detach < 2 &&
-			    live_append(s, live, &batch[i]) == 0)
+			    (r = live_append(s, live, &batch[i])) == 0)
 				continue;
+			/* gs:// alone: no file to resume from, the save fails */
+			if (r < 0 && !failed && s->direct)
+				append_failed(s, live, &batch[i], r);
 			/* no upload for it: the resume reads the file */
 			if (batch[i].b)
 				eng_sink_release(&s->base, batch[i].b);

@@ -11,7 +11,8 @@
  * an ETag and a well-formed body (an upper-case token; for
  * upcoming-maintenance JSON or NONE); anything else (503, reset, timeout,
  * garbage, no flavor) marks the key failing and retries after a
- * jittered, doubling backoff with the same ETag. A 404 means the VM does
+ * jittered, doubling backoff, with a plain GET (so a good reply shows
+ * the key OK at once; an unchanged ETag would hold a long-poll). A 404 means the VM does
  * not get that notice: the key is asked again only after
  * absent_recheck_ms. upcoming-maintenance: {}, {"error": ...} and NONE
  * are "nothing scheduled"; a 503 there is "unknown" (the last value is
@@ -329,7 +330,9 @@ static void send_req(struct md *m, struct mdkey *k)
 {
 	const struct eng_watch *w = m->w;
 	const char *key = w->info.keys[k->idx].key;
-	int lp = k->idx != K_UPCOMING && k->have_etag;
+	/* after a failure, a plain GET: a good reply shows OK at once, not
+	 * when a long-poll on an unchanged value returns (timeout_sec) */
+	int lp = k->idx != K_UPCOMING && k->have_etag && !k->fails;
 	long tmo;
 
 	if (k->idx == K_UPCOMING)
@@ -434,19 +437,14 @@ void *eng_watch_md_main(void *arg)
 	while (!atomic_load(&w->stop)) {
 		struct curl_waitfd wfd = { .fd = w->wake_efd,
 					   .events = CURL_WAIT_POLLIN };
-		int64_t now = eng_mono_ns(), next = now + 1000000000;
+		int64_t now = eng_mono_ns(), next;
 		struct CURLMsg *msg;
 		uint64_t junk;
 		int left;
 
-		for (i = 0; i < K_N; i++) {
-			struct mdkey *k = &m.k[i];
-
-			if (!k->active && k->due <= now)
-				send_req(&m, k);
-			if (!k->active && k->due < next)
-				next = k->due;
-		}
+		for (i = 0; i < K_N; i++)
+			if (!m.k[i].active && m.k[i].due <= now)
+				send_req(&m, &m.k[i]);
 		curl_multi_perform(m.multi, &running);
 		while ((msg = curl_multi_info_read(m.multi, &left))) {
 			struct mdkey *k = NULL;
@@ -457,14 +455,16 @@ void *eng_watch_md_main(void *arg)
 					  (char **)&k);
 			finish(&m, k, msg->data.result);
 		}
+		/* finish() set new due times: sleep until the first */
+		now = eng_mono_ns();
+		next = now + 1000000000;
 		for (i = 0; i < K_N; i++)
-			if (!m.k[i].active && m.k[i].due <= eng_mono_ns())
-				next = 0;
-		if (next == 0)
+			if (!m.k[i].active && m.k[i].due < next)
+				next = m.k[i].due;
+		if (next <= now)
 			continue;
-		next = (next - eng_mono_ns()) / 1000000 + 1;
-		curl_multi_poll(m.multi, &wfd, 1,
-				next > 1000 ? 1000 : (int)next, NULL);
+		next = (next - now + 999999) / 1000000;
+		curl_multi_poll(m.multi, &wfd, 1, (int)next, NULL);
 		if (wfd.revents && read(w->wake_efd, &junk, sizeof(junk)) > 0)
 			eng_watch_sigterm_seen(w);
 	}
