@@ -519,7 +519,7 @@ CKPT_API int ckpt_events_read(const char *location, ckpt_event_fn fn, void *arg)
 		r = 0;
 	if (L.oom)
 		r = eng_err(err, -ENOMEM, "out of memory");
-	if (r == 0)
+	if (r == 0 && L.n) /* qsort's base must not be NULL, even empty */
 		qsort(L.v, L.n, sizeof(*L.v), by_host);
 	for (i = 0; r == 0 && i < L.n; i++) {
 		uint8_t *buf = NULL;

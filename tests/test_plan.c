@@ -185,8 +185,12 @@ START_TEST(test_journal_dir)
 			      "%.*s", (int)len, buf);
 	}
 	free(buf);
-	ck_assert_int_gt(tu_file_size(tu_path("%s/events/h00003.jsonl", dir)),
-			 0);
+	{
+		char *h3 = tu_path("%s/events/h00003.jsonl", dir);
+
+		ck_assert_int_gt(tu_file_size(h3), 0);
+		free(h3);
+	}
 
 	/* a torn last line (crash during an append) is skipped */
 	torn = tu_path("%s/events/h00000.jsonl", dir);
