@@ -542,7 +542,7 @@ void *up_main(void *arg)
 {
 	gcs_sink *s = arg;
 	up_item *batch = NULL;
-	unsigned cap = 0, n, i;
+	unsigned cap = 0, n, i, held;
 
 	eng_thread_background(0);
 	pthread_mutex_lock(&s->mu);
@@ -604,9 +604,10 @@ void *up_main(void *arg)
 		}
 		if (s->qn || s->handover || s->reclaim || s->cmd || s->stop)
 			continue;
+		held = s->fn; /* read under mu: the writer resets it */
 		pthread_mutex_unlock(&s->mu);
 		/* chunks held for the local sink: look again soon */
-		gcs_poll(s->gc, s->fn ? 2 : 200);
+		gcs_poll(s->gc, held ? 2 : 200);
 		pthread_mutex_lock(&s->mu);
 	}
 	pthread_mutex_unlock(&s->mu);
