@@ -98,7 +98,8 @@ static void encode_chunk(struct ckpt *c, fmt_codec_ctx *cx, eng_buf *b)
 			eng_buf_release(c, o);
 		}
 	}
-	eng_plan_enc(c, job->codec, (uint64_t)t, b->raw_len, stored);
+	/* b may be back in the pool (and refilled) by now: not b->raw_len */
+	eng_plan_enc(c, job->codec, (uint64_t)t, dst->raw_len, stored);
 	dst->codec = (uint8_t)used;
 	dst->stored_len = (uint32_t)stored;
 	dst->span = fmt_chunk_span((uint32_t)stored);
