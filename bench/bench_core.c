@@ -6,12 +6,24 @@
  * values N(0, 0.02)) it measures:
  *   - ckpt_save() blocking time with a staging pool larger than the state
  *     vs memcpy of the same bytes into pre-faulted memory;
+ *   - the same in borrow mode (CKPT_SAVE_BORROW: validation only, no
+ *     copy; pool --borrow-pool), first save after ckpt_open and a later
+ *     one, and the time until the engine released the caller's memory;
+ *     --stall-only --reps N runs just memcpy, the copying save (codec
+ *     none) and the borrowed one, interleaved N times, and prints the
+ *     median with min and max of each and of their ratios;
  *   - time to durable (ckpt_save .. ckpt_wait) with codec none and float,
  *     as bandwidth vs fio's O_DIRECT sequential write (--fio-write-bw);
  *   - load (ckpt_reader_open + ckpt_read_batch of every tensor, page cache
  *     dropped when permitted) vs fio's O_DIRECT read (--fio-read-bw);
  *   - peak RSS during a save through a small (512 MiB) pool, in a child
  *     process so earlier phases do not pollute its high-water mark.
+ * --finetune runs only the fine-tuning case (issue 10): the first 80% of
+ * the state's bytes (tensors in order) are frozen and the rest change
+ * between two saves; the second save is timed (ckpt_save .. ckpt_wait)
+ * and its step's file bytes counted, with deduplication (CKPT_F_DEDUP)
+ * and without, interleaved --reps times, and their ratios printed. The
+ * first save's time is printed too (what dedup's extra XXH3-128 costs).
  * run_core.sh runs fio and passes its bandwidths here. Every loaded byte
  * is compared with what was saved; a mismatch or API error exits 1.
  * Targets are reported, not enforced (exit 0) unless --strict.
@@ -39,10 +51,11 @@ struct opts {
 	uint64_t size;
 	uint64_t pool;
 	uint64_t rss_pool;
-	unsigned threads;
+	uint64_t borrow_pool;
+	unsigned threads, reps;
 	double fio_write_bw; /* bytes/s, 0 = not measured */
 	double fio_read_bw;
-	int json, keep, no_rss, strict;
+	int json, keep, no_rss, strict, stall_only, finetune;
 };
 
 struct rss_result {
@@ -61,6 +74,8 @@ struct results {
 	double block_none_s, durable_none_s;
 	double block_float_s, durable_float_s;
 	double first_block_none_s, first_block_float_s;
+	double first_block_borrow_s, block_borrow_s, release_borrow_s,
+		durable_borrow_s;
 	uint64_t raw_float, stored_float;
 	double load_none_s, load_float_s;
 	int caches_dropped;
@@ -78,6 +93,10 @@ static void usage(FILE *f)
 		"  --size BYTES       state size (default 4G; e.g. 256M for a quick run)\n"
 		"  --pool BYTES       staging pool for the main saves (default size*1.125)\n"
 		"  --rss-pool BYTES   staging pool of the peak-RSS save (default 512M)\n"
+		"  --borrow-pool BYTES staging pool of the borrowed saves (default 512M)\n"
+		"  --stall-only       only memcpy, copying and borrowed save stalls\n"
+		"  --reps N           repetitions of --stall-only (default 5)\n"
+		"  --finetune         only the fine-tuning dedup case (80%% frozen)\n"
 		"  --threads N        library worker threads (default: CPUs)\n"
 		"  --fio-write-bw B/s fio O_DIRECT sequential write bandwidth\n"
 		"  --fio-read-bw B/s  fio O_DIRECT sequential read bandwidth\n"
@@ -275,17 +294,20 @@ static int run_rss(const struct opts *o, const char *base,
  * for a few seconds after ckpt_open, so both are shown.
  */
 static int save_one(const struct opts *o, const char *root, int codec,
-		    uint64_t step, const ckpt_tensor *desc, size_t n,
-		    double *open_s, double *first_block_s, double *block_s,
-		    double *durable_s)
+		    int borrow, uint64_t step, const ckpt_tensor *desc,
+		    size_t n, double *open_s, double *first_block_s,
+		    double *block_s, double *durable_s, double *release_s)
 {
+	ckpt_save_opts so;
 	ckpt_settings s;
 	ckpt *c = NULL;
-	double t0, t1, t2;
+	double t0, t1, t2, tr = 0;
 	int err;
 
+	ckpt_save_opts_default(&so);
+	so.flags = borrow ? CKPT_SAVE_BORROW : 0;
 	ckpt_settings_default(&s);
-	s.staging_bytes = o->pool;
+	s.staging_bytes = borrow ? o->borrow_pool : o->pool;
 	s.codec = codec;
 	s.threads = o->threads;
 	t0 = synth_now();
@@ -295,7 +317,7 @@ static int save_one(const struct opts *o, const char *root, int codec,
 	if (open_s)
 		*open_s = synth_now() - t0;
 	t0 = synth_now();
-	err = ckpt_save(c, step + 1000, desc, n);
+	err = ckpt_save_ex(c, step + 1000, desc, n, &so);
 	*first_block_s = synth_now() - t0;
 	if (!err)
 		err = ckpt_wait(c);
@@ -305,8 +327,12 @@ static int save_one(const struct opts *o, const char *root, int codec,
 		return 1;
 	}
 	t0 = synth_now();
-	err = ckpt_save(c, step, desc, n);
+	err = ckpt_save_ex(c, step, desc, n, &so);
 	t1 = synth_now();
+	if (!err && borrow) { /* the caller may write its tensors again */
+		err = ckpt_wait_released(c, -1);
+		tr = synth_now();
+	}
 	if (!err)
 		err = ckpt_wait(c);
 	t2 = synth_now();
@@ -317,6 +343,8 @@ static int save_one(const struct opts *o, const char *root, int codec,
 	}
 	*block_s = t1 - t0;
 	*durable_s = t2 - t0;
+	if (release_s)
+		*release_s = borrow ? tr - t0 : 0;
 	err = ckpt_close(c);
 	if (err)
 		return fail("ckpt_close", err, ckpt_errmsg(NULL));
@@ -342,7 +370,7 @@ static int load_one(const struct opts *o, const char *root, uint64_t step,
 		reqs[i].dst_bytes = m->t[i].nbytes;
 		off += m->t[i].nbytes;
 	}
-	memset(dest, 0, off); /* warm and clear, outside the timing */
+	synth_warm(dest, off); /* warm and clear, outside the timing */
 	t0 = synth_now();
 	err = ckpt_reader_open(&r, root, step, &s);
 	if (err)
@@ -474,15 +502,195 @@ static void print_json(const struct opts *o, const struct synth_model *m,
 	printf("  }\n}\n");
 }
 
+/* ---- --stall-only: interleaved repetitions, median [min, max] ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void print_stat(const char *label, double *v, unsigned n,
+		       const char *unit)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	printf("%-40s median %9.5f %s  [%.5f, %.5f]\n", label,
+	       n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, unit, v[0],
+	       v[n - 1]);
+}
+
+/* Each repetition: memcpy, a copying save (codec none, pool --pool), a
+ * borrowed one (pool --borrow-pool), each on a fresh handle (the first
+ * save after ckpt_open) and again on it; ratios within a repetition. */
+static int stall_only(const struct opts *o, const struct synth_model *m,
+		      const ckpt_tensor *desc, uint8_t *dest,
+		      const char *root)
+{
+	enum { MC, CF, CB, BF, BB, BR, RCF, RCB, RBF, RBB, NV };
+	static const char *const lab[NV] = {
+		"memcpy",
+		"copying save, first after open",
+		"copying save, later",
+		"borrowed save, first after open",
+		"borrowed save, later",
+		"borrowed save, until released",
+		"ratio copying first / memcpy",
+		"ratio copying later / memcpy",
+		"ratio borrowed first / memcpy",
+		"ratio borrowed later / memcpy",
+	};
+	double v[NV][100], dur;
+	char b1[32];
+	unsigned r;
+
+	for (r = 0; r < o->reps; r++) {
+		double t0 = synth_now();
+		uint64_t off = 0;
+
+		for (size_t i = 0; i < m->count; i++) {
+			memcpy(dest + off, m->t[i].data, m->t[i].nbytes);
+			off += m->t[i].nbytes;
+		}
+		v[MC][r] = synth_now() - t0;
+		if (save_one(o, root, CKPT_CODEC_NONE, 0, 10 + 10 * r, desc,
+			     m->count, NULL, &v[CF][r], &v[CB][r], &dur,
+			     NULL) ||
+		    save_one(o, root, CKPT_CODEC_NONE, 1, 11 + 10 * r, desc,
+			     m->count, NULL, &v[BF][r], &v[BB][r], &dur,
+			     &v[BR][r]))
+			return 1;
+		v[RCF][r] = ratio(v[CF][r], v[MC][r]);
+		v[RCB][r] = ratio(v[CB][r], v[MC][r]);
+		v[RBF][r] = ratio(v[BF][r], v[MC][r]);
+		v[RBB][r] = ratio(v[BB][r], v[MC][r]);
+		rm_tree(root);
+	}
+	printf("bench_core --stall-only: state %s in %zu tensors, %u "
+	       "repetitions, pools %llu (copying) and %llu (borrowed) "
+	       "bytes\n",
+	       synth_fmt_bytes(m->total_bytes, b1, sizeof(b1)), m->count,
+	       o->reps, (unsigned long long)o->pool,
+	       (unsigned long long)o->borrow_pool);
+	for (int k = 0; k < NV; k++)
+		print_stat(lab[k], v[k], o->reps, k < RCF ? "s" : "x");
+	return 0;
+}
+
+/* Trainable tensors (those after the first 80% of bytes) refilled with
+ * `seed`. */
+static void finetune_fill(struct synth_model *m, size_t first, uint64_t seed)
+{
+	for (size_t i = first; i < m->count; i++)
+		synth_fill_range(m, i, seed, 0, m->t[i].nbytes, m->t[i].data);
+}
+
+/* One configuration: save, change the trainable part, timed save; its
+ * step's file bytes (read back and compared byte for byte). */
+static int finetune_once(const struct opts *o, struct synth_model *m,
+			 size_t first, const ckpt_tensor *desc, uint8_t *dest,
+			 ckpt_read_req *reqs, const char *root, int dedup,
+			 double *first_s, double *second_s, uint64_t *bytes)
+{
+	ckpt_settings s;
+	ckpt_stats st;
+	ckpt *c = NULL;
+	double t0, load_s;
+	int err;
+
+	rm_tree(root);
+	finetune_fill(m, first, 42);
+	ckpt_settings_default(&s);
+	s.staging_bytes = o->pool;
+	s.threads = o->threads;
+	s.flags = dedup ? CKPT_F_DEDUP : 0;
+	err = ckpt_open(&c, root, &s);
+	if (err)
+		return fail("ckpt_open", err, ckpt_errmsg(NULL));
+	t0 = synth_now();
+	err = ckpt_save(c, 1, desc, m->count);
+	if (!err)
+		err = ckpt_wait(c);
+	*first_s = synth_now() - t0;
+	finetune_fill(m, first, 43);
+	t0 = synth_now();
+	if (!err)
+		err = ckpt_save(c, 2, desc, m->count);
+	if (!err)
+		err = ckpt_wait(c);
+	*second_s = synth_now() - t0;
+	if (err) {
+		fail("fine-tuning save", err, ckpt_errmsg(c));
+		ckpt_close(c);
+		return 1;
+	}
+	ckpt_close(c);
+	drop_caches();
+	if (load_one(o, root, 2, m, dest, reqs, &load_s, &st))
+		return 1;
+	*bytes = st.file_bytes;
+	return 0;
+}
+
+static int finetune(const struct opts *o, struct synth_model *m,
+		    const ckpt_tensor *desc, uint8_t *dest, ckpt_read_req *reqs,
+		    const char *root)
+{
+	enum { F0, F1, S0, S1, B0, B1, RS, RB, RF, NV };
+	static const char *const lab[NV] = {
+		"first save, dedup off (s)",
+		"first save, dedup on (s)",
+		"second save, dedup off (s)",
+		"second save, dedup on (s)",
+		"second save bytes, dedup off (MiB)",
+		"second save bytes, dedup on (MiB)",
+		"ratio second save time on / off",
+		"ratio second save bytes on / off",
+		"ratio first save time on / off",
+	};
+	double v[NV][100];
+	uint64_t frozen = 0, b[2];
+	size_t first = 0;
+	char b1[32], b2[32];
+
+	while (first < m->count && frozen < m->total_bytes / 10 * 8)
+		frozen += m->t[first++].nbytes;
+	for (unsigned r = 0; r < o->reps; r++) {
+		for (int d = 0; d < 2; d++) {
+			int k = (int)(r & 1) ^ d; /* alternate the order */
+
+			if (finetune_once(o, m, first, desc, dest, reqs, root,
+					  k, &v[F0 + k][r], &v[S0 + k][r],
+					  &b[k]))
+				return 1;
+			v[B0 + k][r] = (double)b[k] / MIB;
+		}
+		v[RS][r] = ratio(v[S1][r], v[S0][r]);
+		v[RB][r] = ratio(v[B1][r], v[B0][r]);
+		v[RF][r] = ratio(v[F1][r], v[F0][r]);
+	}
+	rm_tree(root);
+	printf("bench_core --finetune: state %s in %zu tensors, %s frozen "
+	       "(%zu tensors), codec float, %u repetitions\n",
+	       synth_fmt_bytes(m->total_bytes, b1, sizeof(b1)), m->count,
+	       synth_fmt_bytes(frozen, b2, sizeof(b2)), first, o->reps);
+	for (int k = 0; k < NV; k++)
+		print_stat(lab[k], v[k], o->reps, k < RS ? "" : "x");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
-	struct opts o = { .size = 4ull << 30, .rss_pool = 512ull << 20 };
+	struct opts o = { .size = 4ull << 30,
+			  .rss_pool = 512ull << 20,
+			  .borrow_pool = 512ull << 20,
+			  .reps = 5 };
 	struct results res;
 	struct synth_model m = { 0 };
 	ckpt_tensor *desc = NULL;
 	ckpt_read_req *reqs = NULL;
 	uint8_t *dest = NULL;
-	struct row rows[8];
+	struct row rows[10];
 	size_t nrows = 0;
 	char base[4096], root[4200];
 	ckpt_stats st;
@@ -504,6 +712,12 @@ int main(int argc, char **argv)
 			o.no_rss = 1;
 		} else if (!strcmp(a, "--strict")) {
 			o.strict = 1;
+		} else if (!strcmp(a, "--finetune")) {
+			o.finetune = 1;
+			o.no_rss = 1;
+		} else if (!strcmp(a, "--stall-only")) {
+			o.stall_only = 1;
+			o.no_rss = 1;
 		} else if (!v) {
 			bad = 1;
 		} else if (!strcmp(a, "--dir")) {
@@ -517,6 +731,13 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--rss-pool")) {
 			bad = synth_parse_size(v, &o.rss_pool);
+			i++;
+		} else if (!strcmp(a, "--borrow-pool")) {
+			bad = synth_parse_size(v, &o.borrow_pool);
+			i++;
+		} else if (!strcmp(a, "--reps")) {
+			o.reps = (unsigned)strtoul(v, NULL, 10);
+			bad = o.reps < 1 || o.reps > 99;
 			i++;
 		} else if (!strcmp(a, "--threads")) {
 			o.threads = (unsigned)strtoul(v, NULL, 10);
@@ -579,7 +800,7 @@ int main(int argc, char **argv)
 	synth_to_ckpt(&m, desc);
 
 	/* Baseline: memcpy into warm memory, best of 3. */
-	memset(dest, 0, m.total_bytes);
+	synth_warm(dest, m.total_bytes);
 	res.memcpy_s = 1e30;
 	for (int rep = 0; rep < 3; rep++) {
 		double t0 = synth_now();
@@ -595,13 +816,25 @@ int main(int argc, char **argv)
 	}
 
 	snprintf(root, sizeof(root), "%s/ckpt", base);
-	if (save_one(&o, root, CKPT_CODEC_NONE, 1, desc, m.count,
-		     &res.open_none_s, &res.first_block_none_s,
-		     &res.block_none_s, &res.durable_none_s))
+	if (o.stall_only) {
+		rc = stall_only(&o, &m, desc, dest, root);
 		goto out;
-	if (save_one(&o, root, CKPT_CODEC_FLOAT, 2, desc, m.count, NULL,
+	}
+	if (o.finetune) {
+		rc = finetune(&o, &m, desc, dest, reqs, root);
+		goto out;
+	}
+	if (save_one(&o, root, CKPT_CODEC_NONE, 0, 1, desc, m.count,
+		     &res.open_none_s, &res.first_block_none_s,
+		     &res.block_none_s, &res.durable_none_s, NULL))
+		goto out;
+	if (save_one(&o, root, CKPT_CODEC_FLOAT, 0, 2, desc, m.count, NULL,
 		     &res.first_block_float_s, &res.block_float_s,
-		     &res.durable_float_s))
+		     &res.durable_float_s, NULL))
+		goto out;
+	if (save_one(&o, root, CKPT_CODEC_NONE, 1, 3, desc, m.count, NULL,
+		     &res.first_block_borrow_s, &res.block_borrow_s,
+		     &res.durable_borrow_s, &res.release_borrow_s))
 		goto out;
 
 	err = drop_caches();
@@ -647,6 +880,27 @@ int main(int argc, char **argv)
 				      ratio(res.block_float_s, res.memcpy_s),
 				      "<=",
 				      1.25 };
+		rows[nrows++] =
+			(struct row){ "save_blocking_borrow",
+				      "save blocking (borrow mode)",
+				      res.block_borrow_s,
+				      "s",
+				      "memcpy",
+				      res.memcpy_s,
+				      ratio(res.block_borrow_s, res.memcpy_s),
+				      "<=",
+				      0.05 };
+		rows[nrows++] = (struct row){
+			"first_save_blocking_borrow",
+			"first save after open (borrow)",
+			res.first_block_borrow_s,
+			"s",
+			"memcpy",
+			res.memcpy_s,
+			ratio(res.first_block_borrow_s, res.memcpy_s),
+			"<=",
+			0.05
+		};
 		rows[nrows++] = (struct row){ "durable_none_bw",
 					      "save to durable, codec none",
 					      wn,

@@ -64,6 +64,11 @@ void synth_to_ckpt(const struct synth_model *m, ckpt_tensor *out);
 
 /* Monotonic seconds. */
 double synth_now(void);
+
+/* Zeroes [p, p+n) so its pages are faulted in before a timed run. A plain
+ * memset(0) right after malloc is folded into calloc by the compiler,
+ * which leaves the pages untouched (and the timed run faulting them). */
+void synth_warm(void *p, size_t n);
 /* "4G", "256M", "512K", "1.5G", plain bytes. Returns 0 or -1. */
 int synth_parse_size(const char *s, uint64_t *out);
 /* "4.00 GiB" style; returns buf. */

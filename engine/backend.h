@@ -26,6 +26,12 @@
  *               (ifGenerationMatch=0); CKPT_E_EXISTS otherwise. Used for
  *               COMMIT: two committers of one step get exactly one winner.
  *   replace     a small pointer object (`latest`), atomically.
+ *   append      bytes at the end of a small object (a journal), creating
+ *               it, atomically against other appenders: objects read the
+ *               object, write it back under the generation read
+ *               (ifGenerationMatch, 0 if absent), and again from the read
+ *               when another writer got there first. NULL for POSIX,
+ *               whose files take O_APPEND (events.c).
  *   remove      one object; -ENOENT if absent.
  *   sync        make earlier removals and creations under a prefix durable
  *               before what follows (POSIX: fsync the directory; objects: a
@@ -86,6 +92,8 @@ typedef struct eng_backend {
 		      char *errbuf);
 	int (*replace)(eng_loc *l, const char *key, const void *buf, size_t len,
 		       char *errbuf);
+	int (*append)(eng_loc *l, const char *key, const void *buf,
+		      size_t len, uint64_t max_len, char *errbuf);
 	int (*remove)(eng_loc *l, const char *key, char *errbuf);
 	int (*sync)(eng_loc *l, const char *prefix, char *errbuf);
 	int (*remove_all)(eng_loc *l, const char *prefix, uint64_t *bytes,

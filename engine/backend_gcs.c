@@ -27,11 +27,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gcs.h"
 #include "internal.h"
 
 #define GB_REPLACE_TRIES 8
+#define GB_APPEND_TRIES 32
 
 static struct gcs_client *gb_client(eng_loc *l)
 {
@@ -290,6 +292,87 @@ static int gb_replace(eng_loc *l, const char *key, const void *buf, size_t len,
 	return r < 0 ? gb_fail(l, errbuf, r, "replace", key) : 0;
 }
 
+/* Read, extend, write back under the generation read; a writer that got
+ * in between makes the write fail its precondition, and the append starts
+ * again from a fresh read (after a short random pause, so two appenders
+ * in step part). A fresh read that already ends with the bytes is our own
+ * earlier write whose reply was lost: the client retried it and met its
+ * own generation. */
+static void gb_pause_ms(unsigned ms)
+{
+	struct timespec d = { 0, (long)(ms % 1000) * 1000000L };
+
+	d.tv_nsec += (long)((unsigned)eng_mono_ns() % 1000u) * 1000L;
+	while (nanosleep(&d, &d) < 0 && errno == EINTR)
+		;
+}
+
+static int gb_append(eng_loc *l, const char *key, const void *buf,
+		     size_t len, uint64_t max_len, char *errbuf)
+{
+	char *name = gb_name(l, key);
+	int r = 0, i;
+
+	if (!name)
+		return eng_err(errbuf, -ENOMEM, "out of memory");
+	for (i = 0; i < GB_APPEND_TRIES; i++) {
+		struct gcs_object o = { 0 };
+		struct gcs_cond cond = GCS_NO_COND;
+		void *old = NULL;
+		uint8_t *nb = NULL;
+		size_t n = 0;
+
+		if (i > 0)
+			gb_pause_ms(1 + (unsigned)i * 5);
+		r = gcs_get(gb_client(l), l->bucket, name, max_len, &old, &n,
+			    &o);
+		if (r == -ENOENT) {
+			o.generation = 0; /* absent: create only */
+			n = 0;
+			r = 0;
+		}
+		if (r == 0 && i > 0 && n >= len && len > 0 &&
+		    !memcmp((uint8_t *)old + n - len, buf, len)) {
+			/* the last write did land, and its reply was lost
+			 * (the retried request met its own generation) */
+			free(old);
+			gcs_object_clear(&o);
+			break;
+		}
+		if (r == 0)
+			nb = realloc(old, n + len ? n + len : 1);
+		if (r < 0 || !nb) {
+			free(old);
+			gcs_object_clear(&o);
+			free(name);
+			if (r == -EFBIG)
+				return eng_err(errbuf, CKPT_E_CORRUPT,
+					       "gs://%s/%s%s: more than the "
+					       "%llu bytes allowed",
+					       l->bucket, l->prefix, key,
+					       (unsigned long long)max_len);
+			return r < 0 ? gb_fail(l, errbuf, r, "append", key) :
+				       eng_err(errbuf, -ENOMEM,
+					       "out of memory");
+		}
+		memcpy(nb + n, buf, len);
+		cond.if_generation_match = o.generation;
+		gcs_object_clear(&o);
+		r = gcs_put(gb_client(l), l->bucket, name, nb, n + len, cond,
+			    NULL);
+		free(nb);
+		if (r != GCS_E_PRECONDITION)
+			break;
+	}
+	free(name);
+	if (r == GCS_E_PRECONDITION)
+		return eng_err(errbuf, -EAGAIN,
+			       "gs://%s/%s%s: append: other writers changed "
+			       "the object %d times in a row",
+			       l->bucket, l->prefix, key, GB_APPEND_TRIES);
+	return r < 0 ? gb_fail(l, errbuf, r, "append", key) : 0;
+}
+
 static int gb_remove(eng_loc *l, const char *key, char *errbuf)
 {
 	char *name = gb_name(l, key);
@@ -418,6 +501,7 @@ const eng_backend eng_backend_gcs = {
 	.read_range = gb_read_range,
 	.create = gb_create,
 	.replace = gb_replace,
+	.append = gb_append,
 	.remove = gb_remove,
 	.sync = gb_sync,
 	.remove_all = gb_remove_all,

@@ -35,6 +35,72 @@ static int step_key(char **key, const char *dname, const char *name,
 	return *key ? 0 : eng_err(errbuf, -ENOMEM, "out of memory");
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x > y ? -1 : x < y;
+}
+
+/*
+ * Version 2 (dedup.c): every shard file host h's index refers to is in a
+ * step that is committed now, with the recorded size, so a step never
+ * commits referring to bytes that are gone (or being deleted: deleting a
+ * step removes COMMIT first). Adds the steps to cm->refs (descending,
+ * distinct) and raises cm->version to the index's.
+ */
+static int check_refs(eng_loc *l, const char *root, uint32_t h,
+		      const fmt_index *x, fmt_commit *cm, char *errbuf)
+{
+	char rname[32], *key = NULL;
+	uint64_t size, *v;
+	int r = 0;
+
+	if (x->version > cm->version)
+		cm->version = x->version;
+	for (size_t i = 0; i < x->nrefs && r == 0; i++) {
+		const fmt_ref_entry *re = &x->refs[i];
+
+		fmt_step_dirname(re->step, rname);
+		r = step_key(&key, rname, FMT_COMMIT_NAME, errbuf);
+		if (r == 0 && l->be->size(l, key, &size) < 0)
+			r = eng_err(errbuf, CKPT_E_INCOMPLETE,
+				    "%s/%s: host %u refers to step %llu, which "
+				    "is not committed",
+				    root, key, h, (unsigned long long)re->step);
+		if (r == 0)
+			r = step_key(&key, rname, re->name, errbuf);
+		if (r == 0 &&
+		    (l->be->size(l, key, &size) < 0 || size != re->size))
+			r = eng_err(errbuf, CKPT_E_INCOMPLETE,
+				    "%s/%s: host %u refers to it: missing or "
+				    "not %llu bytes",
+				    root, key, h, (unsigned long long)re->size);
+		if (r < 0)
+			break;
+		v = realloc(cm->refs, (cm->nrefs + 1) * sizeof(*v));
+		if (!v) {
+			r = eng_err(errbuf, -ENOMEM, "out of memory");
+			break;
+		}
+		cm->refs = v;
+		cm->refs[cm->nrefs++] = re->step;
+	}
+	free(key);
+	if (r < 0 || cm->nrefs < 2)
+		return r;
+	qsort(cm->refs, cm->nrefs, sizeof(*cm->refs), cmp_desc);
+	{
+		size_t n = 1;
+
+		for (size_t i = 1; i < cm->nrefs; i++)
+			if (cm->refs[i] != cm->refs[n - 1])
+				cm->refs[n++] = cm->refs[i];
+		cm->nrefs = n;
+	}
+	return 0;
+}
+
 int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		    char *errbuf)
 {
@@ -166,6 +232,9 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 			files[nfiles].kind = CKPT_FILE_SHARD;
 			nfiles++;
 		}
+		r = check_refs(l, root, h, x, &cm, errbuf);
+		if (r < 0)
+			goto out;
 		nslices += x->ntensors;
 		/* the step's reason: the lowest host's that records one
 		 * (hosts may disagree; each index keeps its own) */
@@ -231,6 +300,7 @@ out:
 		fmt_index_free(&ix[i]);
 	free(ix);
 	free(files);
+	free(cm.refs);
 	free(slices);
 	free(buf);
 	free(out);
@@ -322,6 +392,11 @@ CKPT_API int ckpt_list(ckpt *c, ckpt_step_info **out, size_t *count)
 		info[k].stored_bytes = cm.stored_bytes;
 		info[k].commit_unix_ns = cm.commit_unix_ns;
 		info[k].reason = cm.reason;
+		/* ascending: the newest referrer is the last to write */
+		for (size_t j = 0; j < k; j++)
+			for (size_t q = 0; q < cm.nrefs; q++)
+				if (info[j].step == cm.refs[q])
+					info[j].referenced_by = cm.step;
 		fmt_commit_free(&cm);
 		k++;
 	}

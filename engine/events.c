@@ -13,7 +13,9 @@
  * Uploads are limited to one per file per second and process: a line
  * appended sooner marks the file dirty and the next append after the
  * second, or eng_events_flush() (ckpt_close), uploads it. For gs:// alone
- * the object is read, extended and replaced (one writer per host).
+ * the line goes through the backend's append: the object is read and
+ * written back under the generation read, so the training process and
+ * `ckptctl run` on one host never drop each other's lines.
  *
  *   watch.c / plan.c --eng_event_log(c, obj)--+
  *   ckpt_event_append(loc, host, json) -------+--> line --> DIR file
@@ -56,14 +58,6 @@ int eng_events_time(int64_t unix_ns, char out[32])
 	return 0;
 }
 
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 int eng_events_line(uint32_t host, json_t *in, char **out, size_t *out_len,
 		    char *errbuf)
 {
@@ -79,7 +73,7 @@ int eng_events_line(uint32_t host, json_t *in, char **out, size_t *out_len,
 	v = json_object_get(in, "time");
 	if (v)
 		json_object_set(o, "time", v);
-	else if (eng_events_time(now_ns(), t) == 0)
+	else if (eng_events_time(eng_unix_ns(), t) == 0)
 		json_object_set_new(o, "time", json_string(t));
 	v = json_object_get(in, "host");
 	if (v)
@@ -180,7 +174,7 @@ static int upload_soon(const char *path, const char *remote, uint32_t host,
 		       int wait, char *errbuf)
 {
 	struct up_ent *e;
-	int64_t t = now_ns();
+	int64_t t = eng_unix_ns();
 	int r = 0;
 
 	pthread_mutex_lock(&g_up_mu);
@@ -214,11 +208,11 @@ static int upload_soon(const char *path, const char *remote, uint32_t host,
 
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 			;
-		t = now_ns();
+		t = eng_unix_ns();
 	}
 	if (t - e->last_ns >= EV_UPLOAD_GAP_NS) {
 		r = upload_file(e->path, e->remote, e->key, errbuf);
-		e->last_ns = now_ns();
+		e->last_ns = eng_unix_ns();
 		e->dirty = r < 0;
 	}
 	pthread_mutex_unlock(&g_up_mu);
@@ -237,7 +231,7 @@ int eng_events_flush(void)
 		if (!e->dirty)
 			continue;
 		x = upload_file(e->path, e->remote, e->key, NULL);
-		e->last_ns = now_ns();
+		e->last_ns = eng_unix_ns();
 		e->dirty = x < 0;
 		if (x < 0 && r == 0)
 			r = x;
@@ -341,30 +335,14 @@ static int append_obj(const char *where, uint32_t host, const char *line,
 {
 	char key[48];
 	eng_loc *l = NULL;
-	uint8_t *buf = NULL, *nb;
-	size_t n = 0;
 	int r = eng_loc_open(where, &l, errbuf);
 
 	snprintf(key, sizeof(key), "events/h%05u.jsonl", host);
-	if (r == 0) {
-		r = l->be->get(l, key, EV_FILE_MAX, &buf, &n, errbuf);
-		if (r == -ENOENT) {
-			buf = NULL;
-			n = 0;
-			r = 0;
-		}
-	}
-	if (r == 0) {
-		nb = realloc(buf, n + len);
-		if (!nb) {
-			r = eng_err(errbuf, -ENOMEM, "out of memory");
-		} else {
-			buf = nb;
-			memcpy(buf + n, line, len);
-			r = l->be->replace(l, key, buf, n + len, errbuf);
-		}
-	}
-	free(buf);
+	if (r == 0)
+		r = l->be->append ?
+			    l->be->append(l, key, line, len, EV_FILE_MAX,
+					  errbuf) :
+			    eng_err(errbuf, -ENOTSUP, "%s: no append", where);
 	eng_loc_close(l);
 	return r;
 }
@@ -658,7 +636,7 @@ void eng_event_log(struct ckpt *c, json_t *obj)
 	if (!obj)
 		return;
 	/* the time it happened, not the time it is written */
-	if (!json_object_get(obj, "time") && eng_events_time(now_ns(), t) == 0)
+	if (!json_object_get(obj, "time") && eng_events_time(eng_unix_ns(), t) == 0)
 		json_object_set_new(obj, "time", json_string(t));
 	it = q ? malloc(sizeof(*it)) : NULL;
 	if (!it) {

@@ -14,6 +14,13 @@
  * so a crash at any point leaves either the whole committed step or
  * uncommitted debris that the next gc removes. Everything goes through the
  * backend (backend.h).
+ *
+ * Dedup (format version 2, SPEC.md section 16): a kept committed step
+ * keeps every step its COMMIT lists in "refs" (they hold bytes it reads),
+ * decided newest first so that what a kept referenced step refers to is
+ * kept too. Of the steps removed, those that refer to others lose their
+ * COMMIT first (newest first), before any step is removed, so a crash
+ * mid-gc never leaves a committed step whose referenced files are gone.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -131,13 +138,48 @@ static int remove_stray_tmp(eng_loc *l, const eng_step_ent *v, size_t n,
 	return r;
 }
 
+/* Un-drops every step a kept committed step refers to (newest first, so
+ * the refs of a step kept that way count too); refers[i]: step i's COMMIT
+ * lists refs. An unreadable COMMIT of a kept step fails the gc (its refs
+ * are unknown). */
+static int keep_referenced(const char *root, const eng_step_ent *v, size_t n,
+			   unsigned char *drop, unsigned char **refers,
+			   char *errbuf)
+{
+	*refers = calloc(n ? n : 1, 1);
+	if (!*refers)
+		return eng_err(errbuf, -ENOMEM, "out of memory");
+	for (size_t i = n; i-- > 0;) {
+		fmt_commit cm;
+		size_t j = i;
+		int r;
+
+		if (!v[i].committed)
+			continue;
+		r = eng_load_commit(root, v[i].step, &cm, errbuf);
+		if (r < 0 && drop[i])
+			continue;
+		if (r < 0)
+			return r;
+		(*refers)[i] = cm.nrefs > 0;
+		for (size_t k = 0; !drop[i] && k < cm.nrefs; k++) {
+			while (j > 0 && v[j].step > cm.refs[k])
+				j--;
+			if (v[j].step == cm.refs[k])
+				drop[j] = 0;
+		}
+		fmt_commit_free(&cm);
+	}
+	return 0;
+}
+
 int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 	       unsigned flags, int debris, uint64_t skip_step, ckpt_gc_fn fn,
 	       void *arg, ckpt_gc_report *report, char *errbuf)
 {
 	ckpt_gc_report rep;
 	eng_step_ent *v = NULL;
-	unsigned char *drop = NULL;
+	unsigned char *drop = NULL, *refers = NULL;
 	size_t n = 0, i, rank = 0;
 	int dry = (flags & CKPT_GC_DRY_RUN) != 0, have_newest = 0, r;
 	uint64_t newest = 0;
@@ -178,6 +220,23 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 		if (!keep && v[i].step != skip_step)
 			drop[i] = 1;
 	}
+	r = keep_referenced(root, v, n, drop, &refers, errbuf);
+	if (r < 0)
+		goto out;
+	for (i = n; !dry && i-- > 0;) {
+		char dname[32], key[48];
+
+		if (!drop[i] || !refers[i])
+			continue;
+		fmt_step_dirname(v[i].step, dname);
+		snprintf(key, sizeof(key), "%s/" FMT_COMMIT_NAME, dname);
+		r = l->be->remove(l, key, errbuf);
+		if (r < 0 && r != -ENOENT)
+			goto out;
+		r = l->be->sync(l, dname, errbuf);
+		if (r < 0)
+			goto out;
+	}
 	if (debris && have_newest)
 		for (i = 0; i < n; i++)
 			if (!v[i].committed && v[i].step < newest &&
@@ -208,6 +267,7 @@ int eng_gc_run(const char *root, uint32_t keep_last, uint32_t keep_every,
 out:
 	eng_loc_close(l);
 	free(drop);
+	free(refers);
 	free(v);
 	if (report)
 		*report = rep;

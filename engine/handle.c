@@ -107,13 +107,10 @@ static int check_settings(const ckpt_settings *s)
 		return eng_err(NULL, -EINVAL,
 			       "settings.queue_depth: %u outside [1, 4096]",
 			       s->queue_depth);
-	if (s->flags & ~(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT |
-			 CKPT_F_NO_URING | CKPT_F_WATCH))
+	if (s->flags & ~ENG_SETTINGS_FLAGS)
 		return eng_err(NULL, -EINVAL,
 			       "settings.flags: unknown bits 0x%x",
-			       s->flags & ~(CKPT_F_NO_DIRECT |
-					    CKPT_F_MANUAL_COMMIT |
-					    CKPT_F_NO_URING | CKPT_F_WATCH));
+			       s->flags & ~ENG_SETTINGS_FLAGS);
 	if (s->staging_bytes > (1ull << 46))
 		return eng_err(NULL, -EINVAL,
 			       "settings.staging_bytes: %llu is absurdly large",
@@ -219,6 +216,8 @@ static void handle_free(struct ckpt *c)
 		pthread_join(c->writer, NULL);
 	for (i = 0; i < c->nsinks; i++)
 		c->sinks[i]->ops->destroy(c->sinks[i]);
+	if (c->rsink)
+		c->rsink->ops->destroy(c->rsink);
 	eng_events_close(c); /* every line's producer is gone */
 	if (c->remote_url)   /* journal lines the rate limit held back */
 		eng_events_flush();
@@ -265,6 +264,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 	r = check_settings(&c->s);
 	if (r < 0)
 		goto fail;
+	c->dedup = !!(c->s.flags & CKPT_F_DEDUP);
+	if (getenv("CKPT_DEDUP")) /* dedup.c */
+		c->dedup = strcmp(getenv("CKPT_DEDUP"), "0") != 0;
 	/* the upload sink keeps its own copy (sink_gcs.c) */
 	remote = c->s.remote;
 	c->s.remote = NULL;
@@ -391,6 +393,7 @@ CKPT_API int ckpt_close(ckpt *c)
 	pthread_mutex_unlock(&c->mu);
 	if (r)
 		eng_err(NULL, r, "%s", c->status_msg);
+	eng_plan_close_upload(c);
 	handle_free(c);
 	return r;
 }

@@ -17,6 +17,12 @@
 #include "fmt.h"
 
 #define ENG_ERRMSG_MAX 1024
+/* Every flag of ckpt_settings. ckpt_open and ckpt_reader_open accept the
+ * same set, so one settings struct serves both; a reader ignores the
+ * save-side ones (MANUAL_COMMIT, WATCH, DEDUP). */
+#define ENG_SETTINGS_FLAGS                                             \
+	(CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING |   \
+	 CKPT_F_WATCH | CKPT_F_DEDUP)
 
 /* ---- errors ---------------------------------------------------------- */
 
@@ -213,5 +219,12 @@ int eng_get_doc(const char *root, const char *dname, const char *name,
 
 /* Number of online CPUs, at least 1. */
 unsigned eng_ncpus(void);
+/* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
+int64_t eng_unix_ns(void);
+int64_t eng_mono_ns(void);
+/* *dl = CLOCK_REALTIME now + ms (ms < 0: now), for
+ * pthread_cond_timedwait. */
+struct timespec;
+void eng_realtime_after_ms(struct timespec *dl, int ms);
 
 #endif /* CKPT_ENGINE_INTERNAL_H */

@@ -21,10 +21,17 @@
  *      then waits for it, takes its status (the plan collected it, so the
  *      loop's save is not refused with CKPT_E_PREVIOUS) and journals it;
  *   3. records the plan (ckpt_plan_get, the journal's save line).
- * The destination is the handle's: its directory (any upload resumes
- * after the reboot) or its gs:// location. Writing a directory handle's
- * notice save straight to its remote is not done (the upload sink is not
- * a deciding sink); the estimate for it is recorded.
+ * The destination: a gs:// location's own; a directory's (the upload to
+ * its remote, if any, resumes after the reboot) unless the directory has
+ * a remote, one host saves, the remote's throughput has been measured and
+ * the save is predicted faster there than on the disk (each with its
+ * best codec; the remote's pace comes from a probe at ckpt_watch_start,
+ * plan_remote.c, since a directory's uploads only show the disk's pace
+ * when the network is faster): then the save goes straight to the remote
+ * through a direct sink (c->rsink, the one gs:// alone uses, made at the
+ * first such save) and is committed in the bucket only; the directory
+ * gets no step. The restart takes the newest of both (ckptctl run
+ * --remote).
  *
  *   encode.c --eng_plan_enc--> counters     save.c --before_save--> plan
  *   writer (save over) --eng_plan_save_done--> measurements, outcome
@@ -68,6 +75,7 @@ void eng_plan_close(struct ckpt *c)
 {
 	if (!c->plan)
 		return;
+	eng_plan_probe_remote_stop(c);
 	pthread_mutex_destroy(&c->plan->mu);
 	free(c->plan);
 	c->plan = NULL;
@@ -85,14 +93,6 @@ void eng_plan_enc(struct ckpt *c, int codec, uint64_t ns, uint64_t raw,
 				  memory_order_relaxed);
 	atomic_fetch_add_explicit(&p->enc_stored[codec], stored,
 				  memory_order_relaxed);
-}
-
-static int64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* Workers that encode at once. */
@@ -168,13 +168,14 @@ void eng_plan_save_started(struct ckpt *c, eng_job *job)
 	pthread_mutex_lock(&p->mu);
 	p->step = job->step;
 	p->codec = k;
-	p->start_mono = mono_ns();
+	p->start_mono = eng_mono_ns();
 	p->ns0 = atomic_load(&p->enc_ns[k]);
 	p->raw0 = atomic_load(&p->enc_raw[k]);
 	p->stored0 = atomic_load(&p->enc_stored[k]);
-	if (c->remote_url) {
+	if (c->remote_url && !job->to_remote) {
 		p->upload_step = job->step;
 		p->upload_start_mono = p->start_mono;
+		p->upload_local_mono = 0;
 	}
 	pthread_mutex_unlock(&p->mu);
 }
@@ -182,8 +183,9 @@ void eng_plan_save_started(struct ckpt *c, eng_job *job)
 static void measure(struct ckpt *c, struct eng_plan *p, eng_job *job,
 		    int64_t now)
 {
-	int k = job->codec,
-	    dest = c->remote_only ? CKPT_PLAN_REMOTE : CKPT_PLAN_LOCAL;
+	int k = job->codec, dest = c->remote_only || job->to_remote ?
+					   CKPT_PLAN_REMOTE :
+					   CKPT_PLAN_LOCAL;
 	uint64_t ns = atomic_load(&p->enc_ns[k]) - p->ns0;
 	uint64_t raw = atomic_load(&p->enc_raw[k]) - p->raw0;
 	uint64_t stored = atomic_load(&p->enc_stored[k]) - p->stored0;
@@ -215,13 +217,15 @@ static void measure(struct ckpt *c, struct eng_plan *p, eng_job *job,
 void eng_plan_save_done(struct ckpt *c, eng_job *job)
 {
 	struct eng_plan *p = c->plan;
-	int64_t now = mono_ns();
+	int64_t now = eng_mono_ns();
 
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->mu);
 	if (p->step == job->step)
 		measure(c, p, job, now);
+	if (p->upload_step == job->step)
+		p->upload_local_mono = now;
 	if (p->cur.event && p->cur.step == job->step && p->cur.status == 1) {
 		ckpt_plan *o = &p->cur;
 
@@ -244,18 +248,34 @@ void eng_plan_upload_done(struct ckpt *c, uint64_t step, uint64_t bytes)
 {
 	struct eng_plan *p = c ? c->plan : NULL;
 	double dur, committed = -1;
+	int64_t now;
 
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->mu);
 	if (p->cur.event && p->cur.step == step)
 		committed = (double)(eng_unix_ns() - p->cur_notice_ns) / 1e9;
-	dur = (double)(mono_ns() - p->upload_start_mono) / 1e9;
-	/* from the save's start: a lower bound of the upload's pace */
+	now = eng_mono_ns();
+	dur = (double)(now - p->upload_start_mono) / 1e9;
+	/* From the save's start. When the upload ended well after the
+	 * local save (it had a backlog), the network set the pace: a
+	 * measurement. Else it kept up with the disk: only a lower bound
+	 * of the network (the probe's may be higher). */
 	if (!p->fixed && step == p->upload_step && bytes >= MIN_MEASURE &&
 	    dur > 0) {
-		update(&p->m.remote_bps, (double)bytes / dur, p->remote_saves);
-		p->remote_saves++;
+		double local = p->upload_local_mono ?
+				       (double)(p->upload_local_mono -
+						p->upload_start_mono) /
+					       1e9 :
+				       dur;
+
+		if (dur - local > local / 4) {
+			update(&p->m.remote_bps, (double)bytes / dur,
+			       p->remote_saves);
+			p->remote_saves++;
+		} else if ((double)bytes / dur > p->m.remote_bps) {
+			p->m.remote_bps = (double)bytes / dur;
+		}
 	}
 	pthread_mutex_unlock(&p->mu);
 	if (committed >= 0) { /* a notice's save reached the bucket */
@@ -266,6 +286,50 @@ void eng_plan_upload_done(struct ckpt *c, uint64_t step, uint64_t bytes)
 		json_object_set_new(o, "committed_s", json_real(committed));
 		eng_event_log(c, o);
 	}
+}
+
+#define CLOSE_MARGIN_NS (3 * (int64_t)1000000000)
+
+void eng_plan_close_upload(struct ckpt *c)
+{
+	int64_t left, t0;
+	ckpt_plan o;
+	json_t *j;
+	int r;
+
+	if (!c->plan || !c->remote_url || c->remote_only)
+		return;
+	eng_plan_snapshot(c, &o);
+	if (!o.event || o.status != 0 || !o.deadline_ns ||
+	    o.dest != CKPT_PLAN_LOCAL)
+		return;
+	left = o.deadline_ns - eng_unix_ns() - CLOSE_MARGIN_NS;
+	if (left <= 0)
+		return;
+	t0 = eng_mono_ns();
+	r = ckpt_upload_wait(c, (int)(left / 1000000 > INT32_MAX ?
+					      INT32_MAX :
+					      left / 1000000));
+	j = json_object();
+	json_object_set_new(j, "source", json_string("upload"));
+	json_object_set_new(j, "action", json_string("close-wait"));
+	json_object_set_new(j, "step", json_integer((json_int_t)o.step));
+	json_object_set_new(j, "committed", json_boolean(r == 0));
+	json_object_set_new(j, "waited_s",
+			    json_real((double)(eng_mono_ns() - t0) / 1e9));
+	if (r)
+		json_object_set_new(j, "error", json_string(ckpt_strerror(r)));
+	eng_event_log(c, j);
+}
+
+void eng_plan_remote_pace(struct ckpt *c, double bps)
+{
+	struct eng_plan *p = c->plan;
+
+	pthread_mutex_lock(&p->mu);
+	if (!p->fixed && bps > p->m.remote_bps)
+		p->m.remote_bps = bps;
+	pthread_mutex_unlock(&p->mu);
 }
 
 void eng_plan_inject(struct ckpt *c, const struct eng_plan_meas *m)
@@ -297,13 +361,13 @@ static double probe_disk(struct ckpt *c, uint8_t *buf)
 		free(tmp);
 		return -1;
 	}
-	t0 = mono_ns();
+	t0 = eng_mono_ns();
 	for (off = 0; off < PROBE_BYTES && r == 0; off += PROBE_CHUNK)
 		r = eng_pwrite_all(fd, buf, PROBE_CHUNK, off);
 	if (r == 0)
 		r = eng_fdatasync(fd);
 	if (r == 0)
-		s = (double)(mono_ns() - t0) / 1e9;
+		s = (double)(eng_mono_ns() - t0) / 1e9;
 	eng_close(fd);
 	eng_unlink(tmp);
 	free(tmp);
@@ -341,6 +405,8 @@ void eng_plan_probe(struct ckpt *c)
 	pthread_mutex_lock(&p->mu);
 	m = p->m;
 	pthread_mutex_unlock(&p->mu);
+	if (!p->fixed && m.remote_bps <= 0) /* in its own thread */
+		(void)eng_plan_probe_remote(c);
 	if (p->fixed || (m.local_bps > 0 && m.enc_bps[c->s.codec] > 0))
 		return;
 	if (posix_memalign((void **)&buf, 4096, PROBE_CHUNK))
@@ -357,7 +423,7 @@ void eng_plan_probe(struct ckpt *c)
 	for (k = 0; out && k < CKPT_CODEC_COUNT; k++) {
 		size_t stored = PROBE_CHUNK;
 		int used = 0, r = 0;
-		int64_t t0 = mono_ns();
+		int64_t t0 = eng_mono_ns();
 
 		if (m.enc_bps[k] > 0 || (k != CKPT_CODEC_NONE && !cx))
 			continue;
@@ -367,7 +433,7 @@ void eng_plan_probe(struct ckpt *c)
 					     PROBE_CHUNK, out,
 					     PROBE_CHUNK + 65536, &used,
 					     &stored);
-		s = (double)(mono_ns() - t0) / 1e9;
+		s = (double)(eng_mono_ns() - t0) / 1e9;
 		if (r < 0 || s <= 0)
 			continue;
 		m.enc_bps[k] = PROBE_CHUNK / s * parallel(c);
@@ -489,6 +555,65 @@ static int settle_inflight(struct ckpt *c, const struct eng_plan_meas *m,
 	return action;
 }
 
+/* A directory with a remote, one host: is the remote (with its best
+ * codec) predicted faster than the disk? Only once the remote's
+ * throughput is measured (an upload committed, or injected). */
+static int remote_faster(const struct ckpt *c, const struct eng_plan_meas *m,
+			 const eng_job *job, int codec_explicit, double left,
+			 int *codec, double *pred)
+{
+	double pr;
+	int k = job->codec;
+
+	if (!c->remote_url || c->remote_only || c->s.host_count != 1 ||
+	    m->remote_bps <= 0)
+		return 0;
+	if (codec_explicit)
+		pr = est(m, job->payload_total, k, CKPT_PLAN_REMOTE);
+	else
+		k = choose_codec(c, m, job->payload_total, k, CKPT_PLAN_REMOTE,
+				 left, &pr);
+	if (pr >= *pred)
+		return 0;
+	*codec = k;
+	*pred = pr;
+	return 1;
+}
+
+/* Points the job at the remote: the direct sink (made at the first such
+ * save) and REMOTE/step-N. The directory's upload sink gives back the
+ * staged buffers it still holds, since this save does not pass it. */
+static int to_remote(struct ckpt *c, eng_job *job)
+{
+	char dname[32], *sd;
+	int r = 0;
+
+	if (!c->rsink) {
+		r = eng_gcs_sink_new(c, c->remote_url, 1, &c->rsink);
+		if (r == 0)
+			c->rsink->index = 0;
+	}
+	fmt_step_dirname(job->step, dname);
+	sd = r == 0 ? eng_path("%s/%s", c->remote_url, dname) : NULL;
+	if (!sd) {
+		json_t *o = json_object();
+
+		r = r ? r : -ENOMEM;
+		json_object_set_new(o, "source", json_string("plan"));
+		json_object_set_new(o, "action", json_string("remote-failed"));
+		json_object_set_new(o, "step",
+				    json_integer((json_int_t)job->step));
+		json_object_set_new(o, "error", json_string(ckpt_strerror(r)));
+		eng_event_log(c, o);
+		return r;
+	}
+	free(job->stepdir);
+	job->stepdir = sd;
+	job->to_remote = 1;
+	eng_gcs_reclaim(c);
+	return 0;
+}
+
 void eng_plan_before_save(struct ckpt *c, eng_job *job, int codec_explicit)
 {
 	struct eng_plan *p = c->plan;
@@ -496,8 +621,8 @@ void eng_plan_before_save(struct ckpt *c, eng_job *job, int codec_explicit)
 	int64_t deadline = job->deadline_ns, notice = 0, now;
 	uint64_t event = 0;
 	int dest = c->remote_only ? CKPT_PLAN_REMOTE : CKPT_PLAN_LOCAL;
-	int codec = job->codec, inflight;
-	double left = INFINITY, pred;
+	int codec = job->codec, inflight, local_codec;
+	double left = INFINITY, pred, local_pred;
 	ckpt_plan o;
 
 	if (!p)
@@ -514,7 +639,17 @@ void eng_plan_before_save(struct ckpt *c, eng_job *job, int codec_explicit)
 	else
 		codec = choose_codec(c, &m, job->payload_total, codec, dest,
 				     left, &pred);
+	local_codec = codec;
+	local_pred = pred;
+	if (remote_faster(c, &m, job, codec_explicit, left, &codec, &pred))
+		dest = CKPT_PLAN_REMOTE;
 	inflight = settle_inflight(c, &m, dest, left, pred);
+	if (dest == CKPT_PLAN_REMOTE && !c->remote_only &&
+	    to_remote(c, job) < 0) {
+		dest = CKPT_PLAN_LOCAL; /* journaled; the disk it is */
+		codec = local_codec;
+		pred = local_pred;
+	}
 	job->codec = codec;
 
 	memset(&o, 0, sizeof(o));

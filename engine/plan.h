@@ -47,6 +47,8 @@ struct eng_plan {
 	uint64_t ns0, raw0, stored0;
 	uint64_t upload_step; /* directory + remote: its upload's step */
 	int64_t upload_start_mono;
+	int64_t upload_local_mono; /* ... when its local save ended */
+	struct eng_rprobe *rprobe; /* plan_remote.c, while it runs */
 	ckpt_plan cur; /* the last plan and its outcome (ckpt_plan_get) */
 	int64_t cur_notice_ns; /* when its notice was seen */
 	/* tests: called once the fate of a save in flight is decided,
@@ -78,6 +80,17 @@ void eng_plan_snapshot(struct ckpt *c, ckpt_plan *out);
 void eng_plan_name(const ckpt_plan *p, char out[32]);
 /* Predicted seconds of a save of `raw` bytes with codec/dest. */
 double eng_plan_estimate(struct ckpt *c, uint64_t raw, int codec, int dest);
+/* plan_remote.c: a directory with a remote (one host) probes Cloud
+ * Storage's own write pace in a thread (ckpt_watch_start); stop cancels
+ * and joins it (eng_plan_close). */
+int eng_plan_probe_remote(struct ckpt *c);
+void eng_plan_probe_remote_stop(struct ckpt *c);
+/* The probe's result: the network's pace, bytes per second. */
+void eng_plan_remote_pace(struct ckpt *c, double bps);
+/* ckpt_close, directory with a remote: after a notice's durable save,
+ * waits for the upload until 3 s before the notice's deadline; journals
+ * the outcome. */
+void eng_plan_close_upload(struct ckpt *c);
 /* tests: impose measurements (and keep them). */
 void eng_plan_inject(struct ckpt *c, const struct eng_plan_meas *m);
 

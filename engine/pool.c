@@ -14,6 +14,10 @@
  * is freed at once. A buffer goes back to its free list when its last
  * reference is dropped; that wakes a copier or worker waiting for one, and
  * the writer if it is draining a failed save.
+ *
+ * Also here, because save.c (copy) and encode.c (borrow mode) both fill
+ * slots from the caller's tensors: the slot fill, the fused copy + hash
+ * of a chunk, and the count of workers reading borrowed memory.
  */
 #include <errno.h>
 #include <sched.h>
@@ -24,6 +28,11 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "save_internal.h"
 
@@ -141,6 +150,7 @@ void eng_job_free(eng_job *job)
 {
 	if (!job)
 		return;
+	eng_dedup_end(job);
 	free(job->stepdir);
 	free(job->tensors);
 	free(job->names);
@@ -152,6 +162,132 @@ void eng_job_free(eng_job *job)
 	free(job->file_cap);
 	free(job->fhash); /* states themselves are freed by the writer */
 	free(job);
+}
+
+/*
+ * Copy into a slot with streaming stores: the bytes are read next by
+ * another core (hash, codec, DMA), so pulling the destination into this
+ * core's cache (read-for-ownership) only costs memory bandwidth. dst is
+ * 64-byte aligned: segments start at a chunk start or a tensor start.
+ */
+static void copy_to_slot(uint8_t *dst, const uint8_t *src, size_t n)
+{
+#ifdef __SSE2__
+	if (n >= 65536 && ((uintptr_t)dst & 15) == 0) {
+		__m128i *d = (__m128i *)dst;
+		const __m128i *s = (const __m128i *)src;
+		size_t i, k = n / 64;
+
+		for (i = 0; i < k; i++, d += 4, s += 4) {
+			__m128i a = _mm_loadu_si128(s);
+			__m128i b = _mm_loadu_si128(s + 1);
+			__m128i c = _mm_loadu_si128(s + 2);
+			__m128i e = _mm_loadu_si128(s + 3);
+
+			_mm_stream_si128(d, a);
+			_mm_stream_si128(d + 1, b);
+			_mm_stream_si128(d + 2, c);
+			_mm_stream_si128(d + 3, e);
+		}
+		memcpy(d, s, n % 64);
+		_mm_sfence();
+		return;
+	}
+#endif
+	memcpy(dst, src, n);
+}
+
+void eng_slot_fill(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
+		   size_t *ti)
+{
+	uint8_t *dst = b->p + FMT_CHUNK_HDR_SIZE;
+	uint64_t pos = lo, payload = 0;
+	unsigned ew = 0;
+
+	while (pos < hi) {
+		const fmt_tensor_entry *e;
+		uint64_t n;
+
+		while (*ti < job->ntensors &&
+		       job->tensors[*ti].stream_offset +
+				       job->tensors[*ti].nbytes <=
+			       pos)
+			(*ti)++;
+		if (*ti == job->ntensors) {
+			memset(dst + (pos - lo), 0, hi - pos);
+			break;
+		}
+		e = &job->tensors[*ti];
+		if (!ew)
+			ew = (unsigned)ckpt_dtype_size(e->dtype);
+		if (pos < e->stream_offset) {
+			n = (e->stream_offset < hi ? e->stream_offset : hi) -
+			    pos;
+			memset(dst + (pos - lo), 0, n);
+		} else {
+			uint64_t end = e->stream_offset + e->nbytes;
+
+			n = (end < hi ? end : hi) - pos;
+			copy_to_slot(dst + (pos - lo),
+				     (const uint8_t *)job->data[*ti] +
+					     (pos - e->stream_offset),
+				     (size_t)n);
+			payload += n;
+		}
+		pos += n;
+	}
+	b->raw_len = (uint32_t)(hi - lo);
+	b->payload = payload;
+	b->elem_width = (uint8_t)(ew ? ew : 1);
+}
+
+size_t eng_stream_find(const eng_job *job, uint64_t pos)
+{
+	size_t lo = 0, hi = job->ntensors;
+
+	/* tensor ends do not decrease along the stream */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const fmt_tensor_entry *e = &job->tensors[mid];
+
+		if (e->stream_offset + e->nbytes <= pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Hash a block while it is in this core's cache, then stream it out: the
+ * source crosses the memory bus once (copy, then hash of the copy, would
+ * read it back). */
+#define COPY_HASH_BLOCK (256u << 10)
+uint64_t eng_copy_hash(uint8_t *dst, const uint8_t *src, size_t n)
+{
+	XXH3_state_t st;
+	size_t off, k;
+
+	XXH3_64bits_reset(&st);
+	for (off = 0; off < n; off += k) {
+		k = n - off < COPY_HASH_BLOCK ? n - off : COPY_HASH_BLOCK;
+		XXH3_64bits_update(&st, src + off, k);
+		copy_to_slot(dst + off, src + off, k);
+	}
+	return XXH3_64bits_digest(&st);
+}
+
+void eng_borrow_done(struct ckpt *c, eng_job *job, uint64_t payload)
+{
+	int wake;
+
+	pthread_mutex_lock(&c->mu);
+	job->breading--;
+	c->bytes_staged += payload;
+	wake = job->breading == 0 &&
+	       (job->bnext == job->nchunks || job->status != 0);
+	pthread_mutex_unlock(&c->mu);
+	if (wake)
+		eng_writer_wake(c);
 }
 
 /* Next free slot; NULL once the job failed. */

@@ -572,6 +572,47 @@ static int cp_mkdirs(struct cp *cp, const char *dst_root)
 	return rc;
 }
 
+/*
+ * Version 2 (SPEC.md section 16): the copy of a step that refers to older
+ * steps is copied as is, so it refers correctly only where every file it
+ * refers to is committed with the same size and hash: a directory or a
+ * bucket prefix that already holds those steps (copy them first, oldest
+ * first; their retention and gc there keep them while the copy refers to
+ * them). Elsewhere the copy is refused before anything is written.
+ */
+static int cp_check_refs(ckpt_reader *r, const char *dst_root)
+{
+	for (size_t i = r->nlisted; i < r->nfiles; i++) {
+		const struct rd_file *f = &r->files[i];
+		char err[ENG_ERRMSG_MAX];
+		fmt_commit cm;
+		int found = 0,
+		    rc = eng_load_commit(dst_root, f->ref_step, &cm, err);
+
+		if (rc == 0) {
+			for (size_t j = 0; j < cm.nfiles; j++)
+				found |= !strcmp(cm.files[j].name, f->name) &&
+					 cm.files[j].size == f->size &&
+					 cm.files[j].xxh3 == f->xxh3;
+			fmt_commit_free(&cm);
+		} else if (rc != CKPT_E_NOTFOUND) {
+			/* not "absent": unreachable, corrupt, denied */
+			return eng_err(r->errmsg, rc,
+				       "step %llu refers to step %llu/%s: %s",
+				       (ull)r->step, (ull)f->ref_step, f->name,
+				       err);
+		}
+		if (!found)
+			return eng_err(r->errmsg, CKPT_E_NOTFOUND,
+				       "step %llu refers to step %llu/%s, "
+				       "which %s does not hold: copy step %llu "
+				       "there first",
+				       (ull)r->step, (ull)f->ref_step, f->name,
+				       dst_root, (ull)f->ref_step);
+	}
+	return 0;
+}
+
 CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			      ckpt_progress_fn fn, void *arg)
 {
@@ -590,6 +631,9 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 	if (!dst_root)
 		return eng_err(r->errmsg, -EINVAL,
 			       "ckpt_reader_copy: dst_root is NULL");
+	rc = cp_check_refs(r, dst_root);
+	if (rc < 0)
+		return rc;
 	if (strncmp(dst_root, "gs://", 5)) {
 		rc = eng_mkdir(dst_root, 0755);
 		if (rc < 0)
@@ -603,6 +647,7 @@ CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			       "%s: step %llu is already committed there",
 			       dst_root, (ull)r->step);
 	}
+
 	cp = calloc(1, sizeof(*cp));
 	if (!cp)
 		return eng_err(r->errmsg, -ENOMEM, "out of memory");

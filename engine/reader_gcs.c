@@ -94,30 +94,52 @@ int rd_get_doc(ckpt_reader *r, const char *name, uint64_t max_len,
 	return rc;
 }
 
+int rd_gcs_pread(ckpt_reader *r, size_t i, uint64_t off, void *buf,
+		 size_t len, size_t *got, char *msg, size_t msglen)
+{
+	int rc = gcs_read(rd_client(r), r->loc->bucket, rd_object(r, i), off,
+			  len, buf, got);
+
+	if (rc == -ERANGE) { /* HTTP 416: off is at or past its end */
+		*got = 0;
+		return 0;
+	}
+	if (rc < 0 && rc != -ENOENT)
+		snprintf(msg, msglen, "%s", gcs_errmsg(rd_client(r)));
+	return rc < 0 ? eng_gcs_code(rc) : 0;
+}
+
 /* First use of an object: its size must be the one COMMIT records. */
 static int rd_gcs_check(ckpt_reader *r, size_t i, char *msg, size_t len)
 {
 	struct rd_file *f = &r->files[i];
 	struct gcs_object o = { 0 };
+	char dname[32];
 	int rc;
 
 	if (f->checked)
 		return 0;
+	/* a ref (SPEC.md section 16) is a file of an older step */
+	if (f->is_ref)
+		fmt_step_dirname(f->ref_step, dname);
+	else
+		snprintf(dname, sizeof(dname), "%s", r->dname);
 	rc = gcs_stat(rd_client(r), r->loc->bucket, rd_object(r, i), &o);
 	if (rc == -ENOENT) {
-		snprintf(msg, len, "%s/%s: missing (listed in %s)", r->dname,
-			 f->name, FMT_COMMIT_NAME);
+		snprintf(msg, len, "%s/%s: missing (%s)", dname, f->name,
+			 f->is_ref ? "referred to by the step read" :
+				     "listed in " FMT_COMMIT_NAME);
 		return CKPT_E_CORRUPT;
 	}
 	if (rc < 0) {
-		snprintf(msg, len, "%s/%s: %s", r->dname, f->name,
+		snprintf(msg, len, "%s/%s: %s", dname, f->name,
 			 gcs_errmsg(rd_client(r)));
 		return eng_gcs_code(rc);
 	}
 	if (o.size != f->size) {
-		snprintf(msg, len,
-			 "%s/%s: %llu bytes, the commit record says %llu",
-			 r->dname, f->name, (ull)o.size, (ull)f->size);
+		snprintf(msg, len, "%s/%s: %llu bytes, the %s says %llu",
+			 dname, f->name, (ull)o.size,
+			 f->is_ref ? "ref" : "commit record", (ull)f->size);
 		gcs_object_clear(&o);
 		return CKPT_E_CORRUPT;
 	}

@@ -8,7 +8,8 @@
  *   reader_open.c      COMMIT and index loading, merge, accessors, close
  *   reader_plan.c      target geometry, request planning, ckpt_read*
  *   reader_pipeline.c  fd cache, buffer pool, io_uring submit/reap,
- *                      chunk-checking worker threads
+ *                      dispatch to the workers
+ *   reader_worker.c    the worker threads: chunk checks, decode, scatter
  *   reader_gcs.c       the gs:// range source: ranged GETs on the
  *                      reader's Cloud Storage client, several in flight,
  *                      neighbouring chunks merged into one request
@@ -76,6 +77,9 @@ struct rd_file { /* a shard file listed in COMMIT */
 	int mapped;       /* claimed by the host's index */
 	int checked;      /* gs://: object size compared with COMMIT */
 	uint32_t inflight;
+	int is_ref;        /* version 2: a file of an older step that an
+			      index refers to (not listed in COMMIT) */
+	uint64_t ref_step; /* its step */
 };
 
 struct rd_host {
@@ -173,7 +177,8 @@ struct ckpt_reader {
 
 	uint32_t nhosts;
 	struct rd_host *hosts;
-	size_t nfiles;
+	size_t nfiles;  /* COMMIT's shard files, then the refs' files */
+	size_t nlisted; /* COMMIT's: files[0..nlisted), files_by_name */
 	struct rd_file *files;
 	size_t *files_by_name;
 
@@ -250,6 +255,11 @@ const char *rd_host_tensor_at(const ckpt_reader *r, uint32_t h, uint64_t cs,
 /* Copies the stream bytes [cs, cs+len) at raw into every row overlapping. */
 void rd_tg_scatter(const struct rd_target *t, uint64_t cs, const uint8_t *raw,
 		   uint64_t len);
+/* The target's bytes in chunk [cs, cs+len) if they are one run: 1 with
+ * [*lo, *hi) relative to cs and *dst where it lands; 0 if none, -1 if
+ * they lie in several rows. */
+int rd_tg_span(const struct rd_target *t, uint64_t cs, uint64_t len,
+	       uint64_t *lo, uint64_t *hi, uint8_t **dst);
 /* Where chunk [cs, cs+len) lands if it lies inside one row, else NULL. */
 uint8_t *rd_tg_inside_row(const struct rd_target *t, uint64_t cs, uint64_t len);
 
@@ -288,6 +298,12 @@ void rd_io_msg(const ckpt_reader *r, const struct rd_batch *b,
 	       const struct rd_job *j, char *msg, size_t len, const char *what);
 void rd_complete(ckpt_reader *r, struct rd_batch *b, struct rd_job *j);
 int rd_job_dead(ckpt_reader *r, struct rd_batch *b, const struct rd_job *j);
+/* Between the pipeline (reader_pipeline.c) and its workers
+ * (reader_worker.c): a chunk failed (the requests it feeds fail; an
+ * ordered batch stops), and the worker thread's body. */
+void rd_job_fail(ckpt_reader *r, struct rd_batch *b, struct rd_job *j,
+		 int code, const char *msg);
+void *rd_worker_main(void *arg);
 /* Waits until a worker gives a buffer back or nothing is busy; returns 1
  * when the batch is over (stopped or every job issued, workers idle). */
 int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next);
@@ -299,6 +315,11 @@ int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next);
 void rd_gcs_run(ckpt_reader *r, struct rd_batch *b);
 /* Frees the merge buffers. */
 void rd_gcs_free(ckpt_reader *r);
+/* Bytes [off, off + len) of file i's object, synchronously (*got < len at
+ * its end, 0 past it): 0, -ENOENT if it is absent, or an error whose
+ * message (the client's) is in msg. */
+int rd_gcs_pread(ckpt_reader *r, size_t i, uint64_t off, void *buf,
+		 size_t len, size_t *got, char *msg, size_t msglen);
 /* A small document of the step (COMMIT, an index) through the reader's
  * location: eng_get_doc's contract. */
 int rd_get_doc(ckpt_reader *r, const char *name, uint64_t max_len,

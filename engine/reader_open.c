@@ -116,7 +116,7 @@ static int cmp_file_name(const void *a, const void *b, void *arg)
 
 size_t rd_file_lookup(const ckpt_reader *r, const char *name)
 {
-	size_t lo = 0, hi = r->nfiles;
+	size_t lo = 0, hi = r->nlisted;
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -198,7 +198,8 @@ bad_tensor:
 		const struct rd_file *f;
 
 		if (ce->stream_offset != pos || ce->raw_len == 0 ||
-		    ce->raw_len > FMT_MAX_CHUNK || ce->file >= ix->nfiles ||
+		    ce->raw_len > FMT_MAX_CHUNK ||
+		    ce->file >= ix->nfiles + ix->nrefs ||
 		    ce->codec >= CKPT_CODEC_COUNT || ce->stored_len == 0 ||
 		    ce->stored_len > fmt_codec_bound(ce->raw_len) ||
 		    (ce->codec == CKPT_CODEC_NONE &&
@@ -222,6 +223,49 @@ bad_chunk:
 			       "%s/%s: chunks cover %llu bytes of a %llu-byte "
 			       "stream", r->dname, iname, (ull)pos,
 			       (ull)ix->stream_bytes);
+	return 0;
+}
+
+/* Version 2: the older files host h's index refers to, appended to
+ * r->files (ROOT/step-P/name, size as the ref records). */
+static int rd_add_refs(ckpt_reader *r, uint32_t h)
+{
+	struct rd_host *ho = &r->hosts[h];
+	struct rd_file *nf;
+
+	if (ho->ix.nrefs == 0)
+		return 0;
+	if (ho->ix.nrefs > FMT_MAX_REFS)
+		return eng_err(r->errmsg, CKPT_E_CORRUPT, "%s: too many refs",
+			       r->dname);
+	nf = realloc(r->files, (r->nfiles + ho->ix.nrefs + 1) * sizeof(*nf));
+	if (!nf)
+		return eng_err(r->errmsg, -ENOMEM, "out of memory");
+	r->files = nf;
+	for (size_t i = 0; i < ho->ix.nrefs; i++) {
+		const fmt_ref_entry *re = &ho->ix.refs[i];
+		struct rd_file *f = &r->files[r->nfiles];
+		char dname[32];
+
+		memset(f, 0, sizeof(*f));
+		f->fd = -1;
+		fmt_step_dirname(re->step, dname);
+		memcpy(f->name, re->name, sizeof(f->name));
+		f->name[sizeof(f->name) - 1] = 0;
+		f->size = re->size;
+		f->xxh3 = re->xxh3;
+		f->host = h;
+		f->findex = re->file;
+		f->ixfile = (uint32_t)(ho->ix.nfiles + i);
+		f->mapped = 1;
+		f->is_ref = 1;
+		f->ref_step = re->step;
+		f->path = eng_path("%s/%s/%s", r->root, dname, f->name);
+		if (!f->path)
+			return eng_err(r->errmsg, -ENOMEM, "out of memory");
+		ho->file_of[ho->ix.nfiles + i] = (uint32_t)r->nfiles;
+		r->nfiles++;
+	}
 	return 0;
 }
 
@@ -297,7 +341,8 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 			     "%zu", r->dname, iname, ho->ix.nfiles, nshards);
 		goto out;
 	}
-	ho->file_of = calloc(ho->ix.nfiles + 1, sizeof(*ho->file_of));
+	ho->file_of =
+		calloc(ho->ix.nfiles + ho->ix.nrefs + 1, sizeof(*ho->file_of));
 	ho->by_stream = calloc(ho->ix.ntensors + 1, sizeof(*ho->by_stream));
 	ho->gidx = calloc(ho->ix.ntensors + 1, sizeof(*ho->gidx));
 	if (!ho->file_of || !ho->by_stream || !ho->gidx) {
@@ -322,6 +367,9 @@ static int rd_load_host(ckpt_reader *r, uint32_t h)
 		f->ixfile = (uint32_t)i;
 		ho->file_of[i] = (uint32_t)k;
 	}
+	rc = rd_add_refs(r, h);
+	if (rc < 0)
+		goto out;
 	rc = rd_check_index(r, h, iname);
 	if (rc < 0)
 		goto out;
@@ -569,6 +617,7 @@ static int rd_build_files(ckpt_reader *r)
 		r->files_by_name[r->nfiles] = r->nfiles;
 		r->nfiles++;
 	}
+	r->nlisted = r->nfiles;
 	if (r->nfiles > 1)
 		qsort_r(r->files_by_name, r->nfiles, sizeof(size_t),
 			cmp_file_name, r->files);
@@ -586,18 +635,15 @@ static int rd_build_files(ckpt_reader *r)
  * zero, as for ckpt_open(). */
 static int rd_check_settings(const ckpt_settings *s)
 {
-	const uint32_t known =
-		CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING;
-
 	for (size_t i = 0; i < sizeof(s->reserved) / sizeof(*s->reserved); i++)
 		if (s->reserved[i])
 			return eng_err(NULL, -EINVAL,
 				       "ckpt_reader_open: settings.reserved[%zu] "
 				       "must be zero", i);
-	if (s->flags & ~known)
+	if (s->flags & ~ENG_SETTINGS_FLAGS)
 		return eng_err(NULL, -EINVAL,
 			       "ckpt_reader_open: settings.flags: unknown bits "
-			       "0x%x", s->flags & ~known);
+			       "0x%x", s->flags & ~ENG_SETTINGS_FLAGS);
 	return 0;
 }
 

@@ -1,8 +1,8 @@
 /*
  * reader_pipeline.c - the machinery that executes a batch of jobs: the
  * shard-file descriptor cache, the pool of aligned chunk buffers, io_uring
- * submission and reaping on the calling thread, and the worker threads
- * that check, decode and scatter chunks.
+ * submission and reaping on the calling thread; the worker threads that
+ * check, decode and scatter chunks are in reader_worker.c.
  *
  * Locking: r->mu guards the work queue, the buffer free list, r->busy and
  * the current batch's failure fields (stop, fatal, err_*, reqs[].status).
@@ -92,6 +92,13 @@ int rd_file_fd(ckpt_reader *r, size_t i, char *msg, size_t len)
 	if (fd == -EINVAL)
 		fd = rd_open_raw(r, i, 0);
 	if (fd < 0) {
+		if (fd == -ENOENT && f->is_ref) { /* dedup: SPEC 16 */
+			snprintf(msg, len,
+				 "step %llu refers to step %llu/%s: "
+				 "missing",
+				 (ull)r->step, (ull)f->ref_step, f->name);
+			return CKPT_E_CORRUPT;
+		}
 		if (fd == -ENOENT) {
 			snprintf(msg, len, "%s/%s: missing (listed in %s)",
 				 r->dname, f->name, FMT_COMMIT_NAME);
@@ -181,7 +188,7 @@ void rd_req_fail(ckpt_reader *r, struct rd_batch *b, size_t req, int code,
 }
 
 /* A job failed: every request it feeds fails (reads); verify stops. */
-static void rd_job_fail(ckpt_reader *r, struct rd_batch *b,
+void rd_job_fail(ckpt_reader *r, struct rd_batch *b,
 			struct rd_job *j, int code, const char *msg)
 {
 	pthread_mutex_lock(&r->mu);
@@ -226,194 +233,6 @@ int rd_job_dead(ckpt_reader *r, struct rd_batch *b, const struct rd_job *j)
 			dead = 0;
 	pthread_mutex_unlock(&r->mu);
 	return dead;
-}
-
-/* ------------------------------------------------------------------ */
-/* Chunk checking (worker threads)                                    */
-/* ------------------------------------------------------------------ */
-
-static const char *rd_job_tensor(const ckpt_reader *r,
-				 const struct rd_batch *b,
-				 const struct rd_job *j)
-{
-	const fmt_chunk_entry *ce = &r->hosts[j->host].ix.chunks[j->chunk];
-	size_t best = SIZE_MAX;
-
-	for (size_t t = j->t0; t < j->t1; t++)
-		if (b->tg[b->tmap[t]].req < best)
-			best = b->tg[b->tmap[t]].req;
-	if (best != SIZE_MAX && b->reqs[best].name)
-		return b->reqs[best].name;
-	return rd_host_tensor_at(r, j->host, ce->stream_offset,
-			      ce->stream_offset + ce->raw_len);
-}
-
-void rd_io_msg(const ckpt_reader *r, const struct rd_batch *b,
-	       const struct rd_job *j, char *msg, size_t len, const char *what)
-{
-	const char *tn = rd_job_tensor(r, b, j);
-
-	if (tn)
-		snprintf(msg, len, "%s/%s offset %llu: %s (tensor \"%s\")",
-			 r->dname, r->files[j->file].name, (ull)j->off, what,
-			 tn);
-	else
-		snprintf(msg, len, "%s/%s offset %llu: %s", r->dname,
-			 r->files[j->file].name, (ull)j->off, what);
-}
-
-/*
- * Checks the chunk in j->buf against its index entry and decodes it: into
- * `into` when given (raw_len bytes of a destination), else into the
- * worker's buffer, or in place for codec none. *raw gets the raw bytes.
- */
-static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
-			  const struct rd_job *j, uint8_t *into,
-			  const uint8_t **raw, char *msg, size_t len)
-{
-	const ckpt_reader *r = w->r;
-	const fmt_chunk_entry *ce = &r->hosts[j->host].ix.chunks[j->chunk];
-	char err[512], what[768];
-	fmt_chunk_hdr h;
-	const uint8_t *payload = j->buf + FMT_CHUNK_HDR_SIZE;
-	uint8_t *out;
-	int rc;
-
-	err[0] = 0;
-	rc = fmt_chunk_hdr_decode(j->buf, FMT_CHUNK_HDR_SIZE, &h, err,
-				  sizeof(err));
-	if (rc < 0) {
-		rd_io_msg(r, b, j, msg, len, err);
-		return rc == CKPT_E_VERSION ? rc : CKPT_E_CORRUPT;
-	}
-	if (h.codec != ce->codec || h.elem_width != ce->elem_width ||
-	    h.raw_len != ce->raw_len || h.stored_len != ce->stored_len ||
-	    h.stream_offset != ce->stream_offset ||
-	    h.raw_xxh3 != ce->raw_xxh3) {
-		rd_io_msg(r, b, j, msg, len,
-			     "chunk header disagrees with the index");
-		return CKPT_E_CORRUPT;
-	}
-	if (ce->codec == CKPT_CODEC_NONE) {
-		out = (uint8_t *)payload;
-	} else {
-		out = into;
-		if (!out) {
-			if (w->rawcap < ce->raw_len) {
-				uint8_t *nb = malloc(ce->raw_len);
-
-				if (!nb) {
-					rd_io_msg(r, b, j, msg, len,
-						     "out of memory");
-					return -ENOMEM;
-				}
-				free(w->raw);
-				w->raw = nb;
-				w->rawcap = ce->raw_len;
-			}
-			out = w->raw;
-		}
-		if (!w->cc) {
-			w->cc = fmt_codec_ctx_new();
-			if (!w->cc) {
-				rd_io_msg(r, b, j, msg, len,
-					     "out of memory");
-				return -ENOMEM;
-			}
-		}
-		err[0] = 0;
-		rc = fmt_chunk_decode(w->cc, ce->codec, ce->elem_width,
-				      payload, ce->stored_len, out,
-				      ce->raw_len, err, sizeof(err));
-		if (rc < 0) {
-			snprintf(what, sizeof(what), "chunk does not decode: %s",
-				 err);
-			rd_io_msg(r, b, j, msg, len, what);
-			return rc == -ENOMEM ? rc : CKPT_E_CORRUPT;
-		}
-	}
-	if (fmt_xxh3(out, ce->raw_len) != ce->raw_xxh3) {
-		rd_io_msg(r, b, j, msg, len, "chunk checksum mismatch");
-		return CKPT_E_CORRUPT;
-	}
-	*raw = out;
-	return 0;
-}
-
-static void rd_process(struct rd_worker *w, struct rd_batch *b,
-		       struct rd_job *j)
-{
-	ckpt_reader *r = w->r;
-	const fmt_chunk_entry *ce = &r->hosts[j->host].ix.chunks[j->chunk];
-	char msg[ENG_ERRMSG_MAX];
-	const uint8_t *raw = NULL;
-	uint8_t *into = NULL;
-	int rc;
-
-	if (j->t1 - j->t0 == 1)
-		into = rd_tg_inside_row(&b->tg[b->tmap[j->t0]],
-				     ce->stream_offset, ce->raw_len);
-	rc = rd_check_chunk(w, b, j,
-			    ce->codec != CKPT_CODEC_NONE ? into : NULL, &raw,
-			    msg, sizeof(msg));
-	if (rc < 0) {
-		rd_job_fail(r, b, j, rc, msg);
-		return;
-	}
-	for (size_t t = j->t0; t < j->t1; t++) {
-		const struct rd_target *tg = &b->tg[b->tmap[t]];
-
-		if (raw == into)
-			break; /* decoded in place, the only target */
-		rd_tg_scatter(tg, ce->stream_offset, raw, ce->raw_len);
-	}
-	if (b->cache_fill && !into) {
-		/* only this worker touches the cache during the batch */
-		if (r->cache_cap < ce->raw_len) {
-			uint8_t *nc = malloc(ce->raw_len);
-
-			if (!nc)
-				return;
-			free(r->cache);
-			r->cache = nc;
-			r->cache_cap = ce->raw_len;
-		}
-		memcpy(r->cache, raw, ce->raw_len);
-		r->cache_host = j->host;
-		r->cache_chunk = j->chunk;
-		r->cache_valid = 1;
-	}
-}
-
-static void *rd_worker_main(void *arg)
-{
-	struct rd_worker *w = arg;
-	ckpt_reader *r = w->r;
-
-	pthread_mutex_lock(&r->mu);
-	for (;;) {
-		struct rd_batch *b;
-		struct rd_job *j;
-
-		while (!r->stop && r->qlen == 0)
-			pthread_cond_wait(&r->cv_work, &r->mu);
-		if (r->qlen == 0)
-			break;
-		b = r->batch;
-		j = &b->jobs[r->queue[r->qhead]];
-		r->qhead = (r->qhead + 1) % r->qcap;
-		r->qlen--;
-		pthread_mutex_unlock(&r->mu);
-		if (j->kind == JOB_CHUNK)
-			rd_process(w, b, j);
-		pthread_mutex_lock(&r->mu);
-		r->freeb[r->nfree++] = j->buf;
-		j->buf = NULL;
-		r->busy--;
-		pthread_cond_broadcast(&r->cv_done);
-	}
-	pthread_mutex_unlock(&r->mu);
-	return NULL;
 }
 
 /* ------------------------------------------------------------------ */

@@ -106,6 +106,26 @@ void rd_tg_scatter(const struct rd_target *t, uint64_t cs, const uint8_t *raw,
 }
 
 /* Where chunk [cs, cs+len) lands if it lies inside one row, else NULL. */
+int rd_tg_span(const struct rd_target *t, uint64_t cs, uint64_t len,
+	       uint64_t *lo, uint64_t *hi, uint8_t **dst)
+{
+	uint64_t r = tg_first_row(t, cs), s, d, a, e;
+
+	if (r >= t->nrows)
+		return 0;
+	s = tg_row(t, r, &d);
+	a = max_u64(s, cs);
+	e = min_u64(s + t->rowlen, cs + len);
+	if (e <= a)
+		return 0;
+	if (r + 1 < t->nrows && tg_row(t, r + 1, NULL) < cs + len)
+		return -1; /* a second row starts inside the chunk */
+	*lo = a - cs;
+	*hi = e - cs;
+	*dst = t->dst + d + (a - s);
+	return 1;
+}
+
 uint8_t *rd_tg_inside_row(const struct rd_target *t, uint64_t cs, uint64_t len)
 {
 	uint64_t r = tg_first_row(t, cs), s, d;

@@ -9,6 +9,11 @@
  * encode each slot; the writer thread (writer.c) puts the results into the
  * sinks. This file talks to them only through the pool and the queues
  * (pool.c, save_internal.h): it calls nothing in encode.c or writer.c.
+ *
+ * Borrow mode (CKPT_SAVE_BORROW): ckpt_save_ex() validates, queues the job
+ * with c->bjob set and returns: the workers read the caller's memory
+ * (encode.c) and the writer gives it back (writer.c, borrow_settle);
+ * ckpt_wait_released() waits for that.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -20,9 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <zstd.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "plan.h"
 #include "save_internal.h"
@@ -316,84 +318,6 @@ static int step_committed(const char *stepdir)
 	return r;
 }
 
-/*
- * Copy into a slot with streaming stores: the bytes are read next by
- * another core (hash, codec, DMA), so pulling the destination into this
- * core's cache (read-for-ownership) only costs memory bandwidth. dst is
- * 64-byte aligned: segments start at a chunk start or a tensor start.
- */
-static void copy_to_slot(uint8_t *dst, const uint8_t *src, size_t n)
-{
-#ifdef __SSE2__
-	if (n >= 65536 && ((uintptr_t)dst & 15) == 0) {
-		__m128i *d = (__m128i *)dst;
-		const __m128i *s = (const __m128i *)src;
-		size_t i, k = n / 64;
-
-		for (i = 0; i < k; i++, d += 4, s += 4) {
-			__m128i a = _mm_loadu_si128(s);
-			__m128i b = _mm_loadu_si128(s + 1);
-			__m128i c = _mm_loadu_si128(s + 2);
-			__m128i e = _mm_loadu_si128(s + 3);
-
-			_mm_stream_si128(d, a);
-			_mm_stream_si128(d + 1, b);
-			_mm_stream_si128(d + 2, c);
-			_mm_stream_si128(d + 3, e);
-		}
-		memcpy(d, s, n % 64);
-		_mm_sfence();
-		return;
-	}
-#endif
-	memcpy(dst, src, n);
-}
-
-/* Copies stream bytes [lo, hi) into b; *ti is the tensor cursor. */
-static void fill_slot(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
-		      size_t *ti)
-{
-	uint8_t *dst = b->p + FMT_CHUNK_HDR_SIZE;
-	uint64_t pos = lo, payload = 0;
-	unsigned ew = 0;
-
-	while (pos < hi) {
-		const fmt_tensor_entry *e;
-		uint64_t n;
-
-		while (*ti < job->ntensors &&
-		       job->tensors[*ti].stream_offset +
-				       job->tensors[*ti].nbytes <=
-			       pos)
-			(*ti)++;
-		if (*ti == job->ntensors) {
-			memset(dst + (pos - lo), 0, hi - pos);
-			break;
-		}
-		e = &job->tensors[*ti];
-		if (!ew)
-			ew = (unsigned)ckpt_dtype_size(e->dtype);
-		if (pos < e->stream_offset) {
-			n = (e->stream_offset < hi ? e->stream_offset : hi) -
-			    pos;
-			memset(dst + (pos - lo), 0, n);
-		} else {
-			uint64_t end = e->stream_offset + e->nbytes;
-
-			n = (end < hi ? end : hi) - pos;
-			copy_to_slot(dst + (pos - lo),
-				     (const uint8_t *)job->data[*ti] +
-					     (pos - e->stream_offset),
-				     (size_t)n);
-			payload += n;
-		}
-		pos += n;
-	}
-	b->raw_len = (uint32_t)(hi - lo);
-	b->payload = payload;
-	b->elem_width = (uint8_t)(ew ? ew : 1);
-}
-
 CKPT_API void ckpt_save_opts_default(ckpt_save_opts *o)
 {
 	if (!o)
@@ -423,10 +347,10 @@ static int apply_opts(struct ckpt *c, const ckpt_save_opts *o, int32_t *codec,
 				       "ckpt_save_ex: opts.reserved[%zu] must "
 				       "be zero (use ckpt_save_opts_default)",
 				       i);
-	if (o->flags)
+	if (o->flags & ~CKPT_SAVE_BORROW)
 		return set_err(c, -EINVAL,
 			       "ckpt_save_ex: opts.flags: unknown bits 0x%x",
-			       o->flags);
+			       o->flags & ~CKPT_SAVE_BORROW);
 	if (o->reason < 0 || o->reason >= CKPT_REASON_COUNT)
 		return set_err(c, -EINVAL,
 			       "ckpt_save_ex: opts.reason: unknown reason %d",
@@ -511,11 +435,13 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	job->level = level;
 	job->reason = reason;
 	job->deadline_ns = deadline;
+	job->borrow = o && (o->flags & CKPT_SAVE_BORROW);
 	/* a notice's save: its codec and any periodic save in flight are
 	 * planned against the deadline (plan.c) */
 	if (eng_watch_is_notice(reason))
 		eng_plan_before_save(c, job,
 				     o && o->codec != CKPT_SAVE_DEFAULT);
+	eng_dedup_begin(c, job);
 
 	pthread_mutex_lock(&c->mu);
 	if (c->busy) {
@@ -554,18 +480,23 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	c->bytes_total = job->payload_total;
 	c->bytes_staged = c->bytes_written = c->bytes_committed = 0;
 	c->bytes_stored = 0;
-	c->copying = job->codec != CKPT_CODEC_NONE;
+	c->copying = !job->borrow && job->codec != CKPT_CODEC_NONE;
+	if (job->borrow) { /* the workers read the caller's memory now */
+		c->bjob = job;
+		pthread_cond_broadcast(&c->work_cv);
+	}
 	pthread_cond_signal(&c->writer_cv);
 	pthread_mutex_unlock(&c->mu);
 
 	/* The step directory exists when ckpt_save() returns (the writer
 	 * thread may not have run yet); gc spares it while we are busy. */
-	r = c->remote_only ? 0 : eng_mkdir(job->stepdir, 0755);
+	r = c->remote_only || job->to_remote ? 0 :
+					       eng_mkdir(job->stepdir, 0755);
 	if (r < 0)
 		eng_job_fail(c, job, r, "%s: mkdir: %s", job->stepdir,
 			     ckpt_strerror(r));
 
-	for (k = 0; k < job->nchunks; k++) {
+	for (k = 0; !job->borrow && k < job->nchunks; k++) {
 		uint64_t lo = k * job->chunk_bytes;
 		uint64_t hi = lo + job->chunk_bytes;
 		eng_buf *b = eng_pool_get_slot(c, job);
@@ -574,7 +505,7 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 			break;
 		if (hi > job->stream_bytes)
 			hi = job->stream_bytes;
-		fill_slot(job, b, lo, hi, &ti);
+		eng_slot_fill(job, b, lo, hi, &ti);
 		b->job = job;
 		b->k = k;
 		pthread_mutex_lock(&c->mu);
@@ -592,14 +523,18 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	}
 
 	pthread_mutex_lock(&c->mu);
-	free(job->data); /* the caller's buffers are theirs again */
-	job->data = NULL;
-	job->copy_done = 1;
-	c->copying = 0;
-	pthread_cond_broadcast(&c->work_cv);
+	/* borrowed: the writer releases it */
+	if (!job->borrow) {
+		free(job->data); /* the caller's buffers are theirs again */
+		job->data = NULL;
+		job->copy_done = 1;
+		c->copying = 0;
+		pthread_cond_broadcast(&c->work_cv);
+	}
 	r = job->status;
 	if (r == 0) {
-		c->state = CKPT_STATE_WRITING;
+		if (!job->borrow)
+			c->state = CKPT_STATE_WRITING;
 		pthread_mutex_unlock(&c->mu);
 		eng_writer_wake(c);
 		return 0;
@@ -617,6 +552,10 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 	pthread_mutex_lock(&c->mu);
 	while (c->busy)
 		pthread_cond_wait(&c->done_cv, &c->mu);
+	/* borrowed, the writer does not wait for us (copy_done is its own)
+	 * and may have finished before `reported` was set: told here */
+	if (c->job == job)
+		c->uncollected = 0;
 	eng_err(c->errmsg, r, "%s", msg);
 	pthread_mutex_unlock(&c->mu);
 	return r;
@@ -641,6 +580,32 @@ CKPT_API int ckpt_wait(ckpt *c)
 		c->uncollected = 0;
 		eng_err(c->errmsg, r, "%s", c->status_msg);
 	}
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+CKPT_API int ckpt_wait_released(ckpt *c, int timeout_ms)
+{
+	struct timespec dl;
+	int r = 0;
+
+	if (!c)
+		return eng_err(NULL, -EINVAL,
+			       "ckpt_wait_released: handle is NULL");
+	eng_realtime_after_ms(&dl, timeout_ms);
+	pthread_mutex_lock(&c->mu);
+	while (c->busy && c->job && c->job->borrow && !c->job->copy_done &&
+	       r == 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&c->done_cv, &c->mu);
+		else
+			r = -pthread_cond_timedwait(&c->done_cv, &c->mu, &dl);
+	}
+	if (r)
+		eng_err(c->errmsg, r,
+			"ckpt_wait_released: step %llu: the engine still "
+			"reads the caller's buffers",
+			(unsigned long long)c->step);
 	pthread_mutex_unlock(&c->mu);
 	return r;
 }

@@ -19,6 +19,11 @@
  *
  *   caller's tensors --copy (caller's thread)--> staging slot
  *     --> worker: XXH3 of the raw bytes, codec, chunk header, zero pad
+ *   (borrow mode, CKPT_SAVE_BORROW: no copy in the caller's thread; a
+ *    worker reads each chunk from the caller's memory: encoded into an
+ *    output buffer, or with codec none copied + hashed into a slot in one
+ *    pass, or, spanning tensors, gathered into a slot; then as above.
+ *    The sinks only ever see pool buffers; see encode.c)
  *     --> writer thread: assigns file + 4096-aligned offset (file order),
  *         updates that file's streaming XXH3, hands the buffer to every sink
  *     --> sinks: sink 0, the local shard files through io_uring (decides
@@ -51,6 +56,8 @@
 struct eng_job;
 struct eng_sink;
 
+#define ENG_MAX_SINKS 4
+
 /* One staging slot or output buffer, and the chunk it currently carries. */
 typedef struct eng_buf {
 	uint8_t *p; /* 4096-aligned */
@@ -68,6 +75,9 @@ typedef struct eng_buf {
 	uint8_t codec;
 	uint8_t elem_width;
 	uint64_t raw_xxh3;
+	uint64_t h128[2]; /* dedup: seeded XXH3-128 of the raw bytes */
+	int reuse;        /* dedup: same bytes as the base's chunk k: not
+			     encoded, written nor uploaded (dedup.c) */
 	uint64_t payload; /* tensor bytes in this chunk (progress) */
 	uint64_t span;    /* bytes written: align(64 + stored, 4096) */
 	uint32_t file;    /* assigned by the writer */
@@ -86,12 +96,20 @@ typedef struct eng_job {
 	int32_t codec, level; /* this save's (ckpt_save_opts or settings) */
 	int32_t reason;       /* enum ckpt_save_reason */
 	int64_t deadline_ns;  /* 0 = none */
-	char *stepdir; /* ROOT/step-N */
+	char *stepdir;        /* ROOT/step-N (REMOTE/step-N when to_remote) */
+	/* plan.c: a notice's save sent straight to the handle's remote (the
+	 * direct sink c->rsink decides it; no local files) because the
+	 * network beats the disk here */
+	int to_remote;
+	struct eng_sink *sinks[ENG_MAX_SINKS]; /* writer: this save's sinks;
+						 [0] decides */
+	unsigned nsinks;
 	uint32_t chunk_bytes;
 	size_t ntensors;
 	fmt_tensor_entry *tensors; /* names point into `names` */
 	char *names;
-	const void **data; /* caller's pointers, valid during the copy */
+	const void **data; /* caller's pointers, valid during the copy (or,
+			      borrowed, until released: see encode.c) */
 	uint64_t stream_bytes;
 	uint64_t nchunks;
 	uint64_t payload_total;  /* sum of tensor nbytes */
@@ -103,10 +121,22 @@ typedef struct eng_job {
 	uint64_t *file_cap;    /* writer: planned (upper bound) size */
 	void **fhash;          /* writer: XXH3_state_t per file */
 	uint64_t received;     /* writer: chunks dispatched */
+	/* dedup.c: format version of this save's files (0: 1), the base
+	 * index reused chunks come from, and (writer) the refs made */
+	uint32_t version;
+	fmt_index *base;
+	fmt_ref_entry *refs;
+	size_t nrefs;
+	uint32_t *ref_of; /* base file number -> refs index or UINT32_MAX */
 
 	/* under c->mu */
 	int finishing; /* the writer publishes it: too late to cancel */
-	int copy_done; /* ckpt_save() no longer touches the job */
+	int copy_done; /* nobody reads the caller's memory any more: the copy
+			  is over, or (borrow) the writer released it */
+	int borrow;        /* CKPT_SAVE_BORROW: workers read the caller's
+			      memory; no copy in ckpt_save() */
+	uint64_t bnext;    /* borrow: next chunk a worker takes */
+	unsigned breading; /* borrow: workers reading the caller's memory */
 	int reported;  /* ckpt_save() returned the failure */
 	int status;
 	char msg[ENG_ERRMSG_MAX];
@@ -168,8 +198,6 @@ typedef struct eng_sink {
 	char msg[256];
 } eng_sink;
 
-#define ENG_MAX_SINKS 4
-
 struct ckpt {
 	pid_t pid; /* of the process that opened it (see ckpt_close) */
 	char *root;
@@ -178,6 +206,7 @@ struct ckpt {
 	int direct; /* O_DIRECT usable under root */
 	int remote_only; /* root is gs://: no local files (sink_gcs.c) */
 	char errmsg[ENG_ERRMSG_MAX];
+	int dedup; /* CKPT_F_DEDUP or CKPT_DEDUP=1 (dedup.c) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t slot_cv;   /* copier: a slot was freed / job failed */
@@ -198,6 +227,9 @@ struct ckpt {
 
 	/* ckpt_save() is copying and compression waits (see worker_main) */
 	int copying;
+	/* a borrowed save whose chunks the workers read from the caller's
+	 * memory (encode.c); cleared when the writer releases it */
+	struct eng_job *bjob;
 	uint32_t low_slots;
 
 	/* queues (under mu) */
@@ -222,6 +254,10 @@ struct ckpt {
 	eng_sink *sinks[ENG_MAX_SINKS];
 	unsigned nsinks;
 	unsigned sink_lag_max; /* buffers a secondary sink may hold */
+	/* a directory with a remote: the direct sink on remote_url of the
+	 * saves the planner sends there (job->to_remote), made at the first
+	 * one (plan.c) */
+	eng_sink *rsink;
 
 	/* save state (under mu) */
 	eng_job *job;    /* current or last save */
@@ -275,6 +311,21 @@ int eng_pool_alloc(struct ckpt *c);
  * outputs, at shutdown). Block while none is free. */
 eng_buf *eng_pool_get_slot(struct ckpt *c, eng_job *job);
 eng_buf *eng_pool_get_out(struct ckpt *c, eng_job *job);
+/* Copies stream bytes [lo, hi) of the caller's tensors into slot b
+ * (zeros between tensors) and sets its raw_len, payload, elem_width; *ti
+ * is a tensor cursor (the first tensor ending after lo, or before it). */
+void eng_slot_fill(eng_job *job, eng_buf *b, uint64_t lo, uint64_t hi,
+		   size_t *ti);
+/* The first tensor whose bytes end after stream offset pos (ntensors if
+ * none). */
+size_t eng_stream_find(const eng_job *job, uint64_t pos);
+/* Copies n bytes to dst (4096-aligned) and returns their XXH3, reading src
+ * once. */
+uint64_t eng_copy_hash(uint8_t *dst, const uint8_t *src, size_t n);
+/* Borrow mode: a worker no longer reads the caller's memory for the chunk
+ * it took (payload bytes of it were read, for progress). Wakes the writer
+ * when nobody will read it again (the writer then releases it). */
+void eng_borrow_done(struct ckpt *c, eng_job *job, uint64_t payload);
 /* Back to its free list now (no reference counting). */
 void eng_buf_release(struct ckpt *c, eng_buf *b);
 /* Drops a reference; the last one releases the buffer. */
@@ -330,6 +381,24 @@ int eng_local_sink_new(struct ckpt *c, eng_sink **out);
  * remote of a directory, whose journaled uploads it resumes. */
 int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 		     eng_sink **out);
+/* Staged buffers the directory's upload sink still holds after its save
+ * go back to the pool (the uploads go on from the local files): before a
+ * save that does not pass through that sink (job->to_remote). */
+void eng_gcs_reclaim(struct ckpt *c);
+
+/* dedup.c */
+/* 1 if this handle's saves may refer to older steps (a plain directory). */
+int eng_dedup_enabled(const struct ckpt *c);
+/* Caller's thread, before the job is queued: the format version and the
+ * base index (none: no chunk is reused). */
+void eng_dedup_begin(struct ckpt *c, eng_job *job);
+/* Frees the base and the refs (eng_job_free). */
+void eng_dedup_end(eng_job *job);
+/* Worker: b's XXH3-64 of raw, and in version 2 its XXH3-128 (in the same
+ * pass) and whether chunk b->k equals the base's (sets b->reuse). */
+int eng_dedup_match(const eng_job *job, eng_buf *b, const uint8_t *raw);
+/* Writer: the index entry of reused chunk k (a ref to the base's bytes). */
+int eng_dedup_ref(eng_job *job, uint64_t k, fmt_chunk_entry *ce);
 
 /* commit.c */
 /* The commit of ckpt_commit(): errbuf gets the message. */

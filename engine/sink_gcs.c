@@ -514,6 +514,17 @@ static gcs_sink *uploader(ckpt *c)
 	return NULL;
 }
 
+void eng_gcs_reclaim(struct ckpt *c)
+{
+	gcs_sink *s = uploader(c);
+
+	if (!s || !atomic_load(&s->npost))
+		return;
+	pthread_mutex_lock(&s->mu);
+	ask_upload_thread(s, &s->reclaim);
+	pthread_mutex_unlock(&s->mu);
+}
+
 CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out)
 {
 	gcs_sink *s = uploader(c);
@@ -551,15 +562,7 @@ CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms)
 	while (c->busy)
 		pthread_cond_wait(&c->done_cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
-	clock_gettime(CLOCK_REALTIME, &dl);
-	if (timeout_ms >= 0) {
-		dl.tv_sec += timeout_ms / 1000;
-		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		if (dl.tv_nsec >= 1000000000) {
-			dl.tv_sec++;
-			dl.tv_nsec -= 1000000000;
-		}
-	}
+	eng_realtime_after_ms(&dl, timeout_ms);
 	pthread_mutex_lock(&s->mu);
 	while (s->pending > 0 && s->st.state != CKPT_UPLOAD_FAILED && r == 0) {
 		if (timeout_ms < 0)

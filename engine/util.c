@@ -5,6 +5,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -26,4 +27,33 @@ unsigned eng_ncpus(void)
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
 
 	return n < 1 ? 1 : (unsigned)n;
+}
+
+int64_t eng_unix_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t eng_mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void eng_realtime_after_ms(struct timespec *dl, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, dl);
+	if (ms <= 0)
+		return;
+	dl->tv_sec += ms / 1000;
+	dl->tv_nsec += (long)(ms % 1000) * 1000000;
+	if (dl->tv_nsec >= 1000000000) {
+		dl->tv_sec++;
+		dl->tv_nsec -= 1000000000;
+	}
 }

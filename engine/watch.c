@@ -47,22 +47,6 @@ static struct sigaction g_prev;
 static pthread_mutex_t g_sig_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_installed;
 
-int64_t eng_unix_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t eng_mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 uint64_t eng_sigterm_seq(void)
 {
 	return atomic_load(&g_sig_seq);

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "ckpt.h"
+#include "internal.h"
 
 enum { W_MAINT = 0, W_PREEMPT, W_UPCOMING, W_REQUESTED, W_NSLOTS };
 
@@ -88,9 +89,6 @@ struct eng_watch {
 /* The process-wide SIGTERM sequence and the unix ns of the latest one. */
 uint64_t eng_sigterm_seq(void);
 int64_t eng_sigterm_ns(void);
-/* CLOCK_REALTIME / CLOCK_MONOTONIC in ns. */
-int64_t eng_unix_ns(void);
-int64_t eng_mono_ns(void);
 /* 0 while slot's notice is not due yet (an upcoming window more than
  * upcoming_lead_s ahead), else 1. */
 int eng_watch_slot_due(const struct eng_watch *w, int slot);

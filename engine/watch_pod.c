@@ -841,6 +841,8 @@ void eng_pod_stop(struct eng_watch *w)
 	if (write(p->efd, &one, sizeof(one)) < 0) {
 		/* EAGAIN: already readable */
 	}
+	/* a request to a hung bucket ends now, not at its deadline */
+	gcs_cancel(p->gc);
 	pthread_join(p->thr, NULL);
 	pod_free(p);
 }

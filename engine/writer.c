@@ -14,7 +14,9 @@
  *
  * The thread sleeps on the handle's eventfd while a save runs: workers post
  * to it when they queue a chunk, the ring posts to it on every completion,
- * and ckpt_save() posts when its copy ends. A failure stops submission,
+ * and ckpt_save() posts when its copy ends (in borrow mode the worker that
+ * ends the last read of the caller's memory does, and the writer releases
+ * that memory: borrow_settle). A failure stops submission,
  * drains what is in flight, waits until every buffer of the save is back,
  * then removes this save's temporary files. The previous checkpoint and
  * `latest` are never touched before the new COMMIT exists.
@@ -76,12 +78,15 @@ static int prepare(struct ckpt *c, eng_job *job)
 	void *hdrs = NULL;
 	int r;
 
-	/* gs:// alone: no directory; objects are replaced or create-only */
-	r = c->remote_only ? 0 : eng_mkdir(job->stepdir, 0755);
+	/* gs:// (alone, or a notice's save the planner sent to the
+	 * remote): no directory; objects are replaced or create-only */
+	int remote = c->remote_only || job->to_remote;
+
+	r = remote ? 0 : eng_mkdir(job->stepdir, 0755);
 	if (r < 0)
 		return eng_job_fail(c, job, r, "%s: mkdir: %s", job->stepdir,
 				    ckpt_strerror(r));
-	r = c->remote_only ? 0 : remove_stale(c, job);
+	r = remote ? 0 : remove_stale(c, job);
 	if (r < 0)
 		return r;
 	n = nf64 < c->s.files_per_host ? (uint32_t)nf64 : c->s.files_per_host;
@@ -108,6 +113,7 @@ static int prepare(struct ckpt *c, eng_job *job)
 		h.host_index = c->s.host_index;
 		h.host_count = c->s.host_count;
 		h.file_index = f;
+		h.version = job->version;
 		fmt_shard_hdr_encode(
 			&h, job->hdrs + (size_t)f * FMT_SHARD_HDR_SIZE);
 		job->file_end[f] = job->file_cap[f] = FMT_SHARD_HDR_SIZE;
@@ -162,7 +168,17 @@ static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 	fmt_chunk_entry *ce = &job->chunks[b->k];
 	eng_sink *to[ENG_MAX_SINKS];
 	unsigned i, n = 0;
+	int r;
 
+	if (b->reuse) { /* the base's bytes: no file space, no sink */
+		r = eng_dedup_ref(job, b->k, ce);
+		if (r < 0)
+			eng_job_fail(c, job, r, "%s: out of memory",
+				     job->stepdir);
+		atomic_store(&b->refs, 1);
+		job->received++;
+		return;
+	}
 	b->file = f;
 	b->file_offset = job->file_end[f];
 	job->file_end[f] += b->span;
@@ -174,9 +190,10 @@ static void dispatch(struct ckpt *c, eng_job *job, eng_buf *b, unsigned nsinks)
 	ce->file_offset = b->file_offset;
 	ce->stream_offset = b->k * job->chunk_bytes;
 	ce->raw_xxh3 = b->raw_xxh3;
+	memcpy(ce->h128, b->h128, sizeof(ce->h128));
 	for (i = 0; i < nsinks; i++)
-		if (sink_takes(c, job, c->sinks[i]))
-			to[n++] = c->sinks[i];
+		if (sink_takes(c, job, job->sinks[i]))
+			to[n++] = job->sinks[i];
 	/* one reference per sink plus ours, held until hashed */
 	atomic_store(&b->refs, (int)n + 1);
 	for (i = 0; i < n; i++) {
@@ -197,10 +214,33 @@ static void hash_dispatched(struct ckpt *c, eng_job *job, eng_buf *list)
 		eng_buf *next = list->next;
 
 		list->next = NULL;
-		XXH3_64bits_update(job->fhash[list->file], list->p, list->span);
+		if (!list->reuse)
+			XXH3_64bits_update(job->fhash[list->file], list->p,
+					   list->span);
 		eng_buf_unref(c, list);
 		list = next;
 	}
+}
+
+/*
+ * Borrow mode (under mu): once no worker reads the caller's memory and
+ * none will (every chunk taken and read, or the save failed: workers take
+ * no more), it is the caller's again: copy_done, the state leaves STAGING
+ * and ckpt_wait_released() returns. The writer decides it because it is
+ * woken by every event that can make it true (the last read, a failure).
+ */
+static void borrow_settle(struct ckpt *c, eng_job *job)
+{
+	if (!job->borrow || job->copy_done || job->breading ||
+	    (job->bnext < job->nchunks && job->status == 0))
+		return;
+	c->bjob = NULL;
+	free(job->data); /* a late read would fault, not see stale data */
+	job->data = NULL;
+	job->copy_done = 1;
+	if (c->state == CKPT_STATE_STAGING)
+		c->state = CKPT_STATE_WRITING;
+	pthread_cond_broadcast(&c->done_cv);
 }
 
 static void wait_wake(struct ckpt *c)
@@ -214,6 +254,7 @@ static void wait_wake(struct ckpt *c)
 /* Index, commit and retention once every chunk is in the sinks. */
 static int finish_job(struct ckpt *c, eng_job *job)
 {
+	const char *root = job->to_remote ? c->remote_url : c->root;
 	char name[32], err[ENG_ERRMSG_MAX];
 	uint8_t *buf = NULL;
 	size_t len = 0;
@@ -226,16 +267,17 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		job->files[f].size = job->file_end[f];
 		job->files[f].xxh3 = XXH3_64bits_digest(job->fhash[f]);
 	}
-	for (i = 0; i < c->nsinks; i++) {
-		if (!sink_takes(c, job, c->sinks[i]))
+	for (i = 0; i < job->nsinks; i++) {
+		if (!sink_takes(c, job, job->sinks[i]))
 			continue;
-		r = c->sinks[i]->ops->finish(c->sinks[i], job);
+		r = job->sinks[i]->ops->finish(job->sinks[i], job);
 		if (r < 0 && i == 0)
 			return r;
 		if (r < 0) /* no-op if the sink described it */
-			eng_sink_fail(c->sinks[i], job, r,
+			eng_sink_fail(job->sinks[i], job, r,
 				      "sink %s: finish: %s",
-				      c->sinks[i]->ops->name, ckpt_strerror(r));
+				      job->sinks[i]->ops->name,
+				      ckpt_strerror(r));
 	}
 	memset(&ix, 0, sizeof(ix));
 	ix.step = job->step;
@@ -251,13 +293,16 @@ static int finish_job(struct ckpt *c, eng_job *job)
 	ix.tensors = job->tensors;
 	ix.nchunks = (size_t)job->nchunks;
 	ix.chunks = job->chunks;
+	ix.version = job->version;
+	ix.nrefs = job->nrefs;
+	ix.refs = job->refs;
 	r = fmt_index_encode(&ix, &buf, &len);
 	if (r < 0)
 		return eng_job_fail(c, job, r, "%s: encoding the index: %s",
 				    job->stepdir, ckpt_strerror(r));
 	fmt_index_name(c->s.host_index, name);
-	for (i = 0; i < c->nsinks && r == 0; i++) {
-		eng_sink *s = c->sinks[i];
+	for (i = 0; i < job->nsinks && r == 0; i++) {
+		eng_sink *s = job->sinks[i];
 
 		if (!sink_takes(c, job, s))
 			continue;
@@ -273,14 +318,14 @@ static int finish_job(struct ckpt *c, eng_job *job)
 		return r;
 	if (c->s.host_count == 1 && !(c->s.flags & CKPT_F_MANUAL_COMMIT)) {
 		err[0] = 0;
-		r = eng_commit_step(c->root, 1, job->step, err);
+		r = eng_commit_step(root, 1, job->step, err);
 		if (r < 0)
 			return eng_job_fail(c, job, r, "%s", err);
 		/* Problems with the `latest` hint or retention do not undo a
 		 * durable commit; their message is kept for ckpt_errmsg(). */
 		if (c->s.keep_last || c->s.keep_every)
-			eng_gc_run(c->root, c->s.keep_last, c->s.keep_every, 0,
-				   0, UINT64_MAX, NULL, NULL, NULL, err);
+			eng_gc_run(root, c->s.keep_last, c->s.keep_every, 0, 0,
+				   UINT64_MAX, NULL, NULL, NULL, err);
 		if (err[0]) {
 			pthread_mutex_lock(&c->mu);
 			eng_err(c->errmsg, 0, "%s", err);
@@ -296,9 +341,18 @@ static void run_job(struct ckpt *c, eng_job *job)
 	uint32_t f;
 	int r;
 
+	/* this save's sinks: the handle's, or the direct sink alone for a
+	 * save the planner sent to the remote */
+	if (job->to_remote) {
+		job->sinks[0] = c->rsink;
+		job->nsinks = 1;
+	} else {
+		memcpy(job->sinks, c->sinks, sizeof(job->sinks));
+		job->nsinks = c->nsinks;
+	}
 	pthread_mutex_lock(&c->mu);
-	for (i = 0; i < c->nsinks; i++) {
-		eng_sink *s = c->sinks[i];
+	for (i = 0; i < job->nsinks; i++) {
+		eng_sink *s = job->sinks[i];
 
 		s->active = 0;
 		atomic_store(&s->failed, 0);
@@ -310,8 +364,8 @@ static void run_job(struct ckpt *c, eng_job *job)
 	}
 	pthread_mutex_unlock(&c->mu);
 	r = prepare(c, job);
-	for (i = 0; r == 0 && i < c->nsinks; i++) {
-		eng_sink *s = c->sinks[i];
+	for (i = 0; r == 0 && i < job->nsinks; i++) {
+		eng_sink *s = job->sinks[i];
 		int e = s->ops->begin(s, job);
 
 		begun++;
@@ -330,6 +384,7 @@ static void run_job(struct ckpt *c, eng_job *job)
 		int failed, copy_done, idle, busy_any = 0;
 
 		pthread_mutex_lock(&c->mu);
+		borrow_settle(c, job);
 		list = c->wq_head;
 		c->wq_head = c->wq_tail = NULL;
 		failed = job->status != 0;
@@ -349,7 +404,7 @@ static void run_job(struct ckpt *c, eng_job *job)
 		for (b = list; !failed && b; b = b->next)
 			dispatch(c, job, b, begun);
 		for (i = 0; i < begun; i++) {
-			eng_sink *s = c->sinks[i];
+			eng_sink *s = job->sinks[i];
 			int busy = 0;
 
 			/* a failed or detached sink drops what it queued */
@@ -384,14 +439,14 @@ static void run_job(struct ckpt *c, eng_job *job)
 	/* a secondary sink that failed or was detached removes its partial
 	 * output whatever became of the save */
 	for (i = 1; i < begun && eng_job_status(c, job) == 0; i++)
-		if (!sink_takes(c, job, c->sinks[i]))
-			c->sinks[i]->ops->abort(c->sinks[i], job);
+		if (!sink_takes(c, job, job->sinks[i]))
+			job->sinks[i]->ops->abort(job->sinks[i], job);
 	if (eng_job_status(c, job) != 0) {
 		for (i = 0; i < begun; i++)
-			c->sinks[i]->ops->abort(c->sinks[i], job);
+			job->sinks[i]->ops->abort(job->sinks[i], job);
 		/* An empty directory we made is no checkpoint. With several
 		 * hosts another one may be about to write into it. */
-		if (c->s.host_count == 1 && !c->remote_only)
+		if (c->s.host_count == 1 && !c->remote_only && !job->to_remote)
 			eng_rmdir(job->stepdir);
 	}
 	for (f = 0; job->fhash && f < job->nfiles; f++) {
@@ -406,8 +461,8 @@ static void run_job(struct ckpt *c, eng_job *job)
 	c->state = job->status ? CKPT_STATE_FAILED : CKPT_STATE_DONE;
 	if (job->status == 0)
 		c->bytes_committed = c->bytes_total;
-	for (i = 0; i < c->nsinks; i++) {
-		eng_sink *s = c->sinks[i];
+	for (i = 0; i < job->nsinks; i++) {
+		eng_sink *s = job->sinks[i];
 
 		if (!atomic_load(&s->failed))
 			s->status = job->status;

@@ -13,7 +13,9 @@
  * final state (also written to --digest FILE) to compare them.
  *
  * Protocol with `ckptctl run` (environment): CKPT_LOCATION (no location:
- * train without checkpoints, the reference run), CKPT_RESUME_STEP (the
+ * train without checkpoints, the reference run), CKPT_REMOTE (its Cloud
+ * Storage copy, ckpt_settings.remote), CKPT_RESUME_LOCATION (where the
+ * step to resume is: the location or the remote), CKPT_RESUME_STEP (the
  * step to resume after; empty: from scratch), CKPT_RESTART_COUNT. The
  * metadata server is GCE_METADATA_HOST, as for Google's clients.
  *
@@ -26,6 +28,7 @@
  *   toy: step S MS                        (compute time of the step)
  *   toy: save S REASON deadline_ms=D      toy: durable S MS
  *   toy: stop S                           toy: done S digest=HEX
+ *   toy: held S                           (--hold-file: waiting after S)
  * Uses only the public API (ckpt.h).
  */
 #include <errno.h>
@@ -41,14 +44,16 @@
 
 struct toy {
 	/* options */
-	uint64_t mib, steps, step_ms, every_steps;
-	const char *digest_file, *codec;
+	uint64_t mib, steps, step_ms, every_steps, hold_step;
+	const char *digest_file, *codec, *hold_file;
 	ckpt_watch_opts wo;
 	/* state */
 	float *w, *m;
 	uint64_t n, step;
 	ckpt *c;
 	const char *location;
+	const char *remote;      /* CKPT_REMOTE, or NULL */
+	const char *resume_from; /* CKPT_RESUME_LOCATION, else location */
 };
 
 static const char usage[] =
@@ -59,13 +64,17 @@ static const char usage[] =
 	"  --every-steps N          periodic save every N steps (default off)\n"
 	"  --codec NAME             none, zstd or float (default: the handle's)\n"
 	"  --digest FILE            write the final state's digest there\n"
+	"  --hold-file FILE         before step --hold-step, wait while FILE\n"
+	"  --hold-step S            exists (a stalled input pipeline), still\n"
+	"                           answering notices\n"
 	"  --maintenance-window-ms, --preempted-window-ms,\n"
 	"  --sigterm-window-ms MS   notice windows (defaults 60000, 30000,\n"
 	"                           300000)\n"
 	"  --upcoming-ms MS         upcoming-maintenance poll interval\n"
 	"  --backoff-max-ms MS      the watcher's longest backoff\n"
-	"Environment: CKPT_LOCATION, CKPT_RESUME_STEP, CKPT_RESTART_COUNT,\n"
-	"GCE_METADATA_HOST. Exit: 0 done, 75 stopped after a checkpoint,\n"
+	"Environment: CKPT_LOCATION, CKPT_REMOTE, CKPT_RESUME_STEP,\n"
+	"CKPT_RESUME_LOCATION, CKPT_RESTART_COUNT, GCE_METADATA_HOST,\n"
+	"STORAGE_EMULATOR_HOST. Exit: 0 done, 75 stopped after a checkpoint,\n"
 	"1 error, 2 usage.\n";
 
 static double now_ms(void)
@@ -158,7 +167,7 @@ static void resume(struct toy *t, const char *step_s)
 	ckpt_reader *r;
 	int rc;
 
-	rc = ckpt_reader_open(&r, t->location, want, NULL);
+	rc = ckpt_reader_open(&r, t->resume_from, want, NULL);
 	if (rc)
 		die("resume", rc, NULL);
 	if ((rc = ckpt_read(r, "w", t->w, t->n * 4)) ||
@@ -192,6 +201,7 @@ static void open_location(struct toy *t)
 	s.threads = 2;
 	s.files_per_host = 2;
 	s.keep_last = 2;
+	s.remote = t->remote;
 	if (t->codec) {
 		s.codec = ckpt_codec_from_name(t->codec);
 		if (s.codec < 0) {
@@ -239,6 +249,41 @@ static void save(struct toy *t, const ckpt_save_advice *a)
 	printf("toy: durable %" PRIu64 " %.1f\n", t->step, now_ms() - t0);
 }
 
+/* After a notice's save: nothing more is computed; exit 75. */
+static int stop(struct toy *t)
+{
+	printf("toy: stop %" PRIu64 "\n", t->step);
+	if (ckpt_close(t->c))
+		die("close", 1, NULL);
+	free(t->w);
+	free(t->m);
+	return CKPT_EXIT_RESTART;
+}
+
+/* --hold-file: before step --hold-step, waits while the file exists, as
+ * a loop whose input pipeline stalls; notices are still answered (saved
+ * at the last step computed). Returns 1 when the loop should stop. */
+static int hold(struct toy *t)
+{
+	static const struct timespec tick = { 0, 10 * 1000000 };
+	ckpt_save_advice a;
+	int said = 0;
+
+	if (!t->hold_file || t->step + 1 < t->hold_step)
+		return 0;
+	while (access(t->hold_file, F_OK) == 0) {
+		if (!said++)
+			printf("toy: held %" PRIu64 "\n", t->step);
+		if (t->c && ckpt_should_save(t->c, t->step, &a) &&
+		    a.reason != CKPT_REASON_PERIODIC)
+			save(t, &a);
+		if (t->c && ckpt_should_stop(t->c))
+			return 1;
+		nanosleep(&tick, NULL);
+	}
+	return 0;
+}
+
 static uint64_t num(const char *opt, const char *v)
 {
 	char *end;
@@ -262,6 +307,8 @@ static void parse(struct toy *t, int argc, char **argv)
 		{ "every-steps", required_argument, NULL, 'e' },
 		{ "codec", required_argument, NULL, 'c' },
 		{ "digest", required_argument, NULL, 'D' },
+		{ "hold-file", required_argument, NULL, 'H' },
+		{ "hold-step", required_argument, NULL, 'S' },
 		{ "maintenance-window-ms", required_argument, NULL, 'W' },
 		{ "preempted-window-ms", required_argument, NULL, 'P' },
 		{ "sigterm-window-ms", required_argument, NULL, 'T' },
@@ -297,6 +344,12 @@ static void parse(struct toy *t, int argc, char **argv)
 			break;
 		case 'D':
 			t->digest_file = optarg;
+			break;
+		case 'H':
+			t->hold_file = optarg;
+			break;
+		case 'S':
+			t->hold_step = num(n, optarg);
 			break;
 		case 'W':
 			t->wo.maintenance_window_ms = (uint32_t)num(n, optarg);
@@ -344,6 +397,12 @@ int main(int argc, char **argv)
 	t.location = getenv("CKPT_LOCATION");
 	if (t.location && !*t.location)
 		t.location = NULL;
+	t.remote = getenv("CKPT_REMOTE");
+	if (t.remote && !*t.remote)
+		t.remote = NULL;
+	t.resume_from = getenv("CKPT_RESUME_LOCATION");
+	if (!t.resume_from || !*t.resume_from)
+		t.resume_from = t.location;
 	t.n = t.mib * (1ull << 20) / 8; /* two f32 tensors */
 	t.w = malloc(t.n * 4);
 	t.m = malloc(t.n * 4);
@@ -368,20 +427,17 @@ int main(int argc, char **argv)
 	}
 	for (first = t.step + 1; t.step < t.steps;) {
 		uint64_t s = t.step + 1;
-		double t0 = now_ms();
+		double t0;
 
+		if (hold(&t))
+			return stop(&t);
+		t0 = now_ms();
 		train_step(&t, s);
 		printf("toy: step %" PRIu64 " %.3f\n", s, now_ms() - t0);
 		if (t.c && ckpt_should_save(t.c, s, &a))
 			save(&t, &a);
-		if (t.c && ckpt_should_stop(t.c)) {
-			printf("toy: stop %" PRIu64 "\n", s);
-			if (ckpt_close(t.c))
-				die("close", 1, NULL);
-			free(t.w);
-			free(t.m);
-			return CKPT_EXIT_RESTART;
-		}
+		if (t.c && ckpt_should_stop(t.c))
+			return stop(&t);
 		if (t.step_ms) {
 			struct timespec d = { (time_t)(t.step_ms / 1000),
 					      (long)(t.step_ms % 1000) *

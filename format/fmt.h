@@ -19,7 +19,11 @@
 
 #include "ckpt.h"
 
-#define FMT_VERSION 1
+#define FMT_VERSION 1       /* what a step without references is written as */
+#define FMT_VERSION_DEDUP 2 /* a deduplicating save (SPEC.md section 16) */
+#define FMT_VERSION_MAX 2   /* newest version read */
+#define FMT_H128_SEED 0x636b70745f646470ull /* "ckpt_ddp": XXH3-128 seed */
+#define FMT_MAX_REFS FMT_MAX_FILES_PER_HOST /* refs per index */
 #define FMT_ALIGN 4096u              /* file offsets of chunks, headers */
 #define FMT_STREAM_ALIGN 64u         /* tensors start at multiples of this in
                                         a host's data stream */
@@ -86,6 +90,12 @@ uint64_t fmt_xxh3(const void *p, size_t n);
 /* 16 lower-case hex digits <-> u64; parse returns -1 if malformed. */
 void fmt_hash_hex(uint64_t h, char out[17]);
 int fmt_hash_parse(const char *s, uint64_t *out);
+/* 32 hex digits (high half first) <-> out[0] high, out[1] low; -1 if
+ * malformed. fmt_xxh128: XXH3-128 seeded with FMT_H128_SEED. */
+int fmt_hash128_parse(const char *s, uint64_t out[2]);
+void fmt_xxh128(const void *p, size_t n, uint64_t out[2]);
+/* fmt_xxh3 and fmt_xxh128 of the same bytes, read once (no allocation). */
+uint64_t fmt_xxh3_pair(const void *p, size_t n, uint64_t h128[2]);
 
 static inline uint64_t fmt_align_up(uint64_t v, uint64_t a)
 {
@@ -118,6 +128,7 @@ typedef struct fmt_shard_hdr {
 	uint32_t host_index;
 	uint32_t host_count;
 	uint32_t file_index;
+	uint32_t version; /* encode: 0 means FMT_VERSION; decode sets it */
 } fmt_shard_hdr;
 
 /* Writes FMT_SHARD_HDR_SIZE bytes (zero padded) at out. */
@@ -176,6 +187,27 @@ int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
 		     const void *stored, size_t stored_len, void *raw,
 		     size_t raw_len, char *err, size_t errlen);
 
+/* A run [off, off + len) of a chunk's raw bytes and where it goes (dst
+ * NULL: produced for the hash only). */
+typedef struct fmt_part {
+	uint64_t off, len;
+	uint8_t *dst;
+} fmt_part;
+
+/*
+ * fmt_chunk_decode into several destinations at once, with the XXH3-64 of
+ * all raw_len raw bytes in *xxh3, hashed block by block as they are
+ * produced (while in the cache: no second pass over the output, no
+ * intermediate copy). parts[0..nparts) tile [0, raw_len) in order; with
+ * codec float every part boundary below raw_len is a multiple of
+ * elem_width. -EINVAL (nothing decoded) if not; otherwise the checks and
+ * errors of fmt_chunk_decode.
+ */
+int fmt_chunk_decode_parts(fmt_codec_ctx *c, int codec, int elem_width,
+			   const void *stored, size_t stored_len,
+			   size_t raw_len, const fmt_part *parts, size_t nparts,
+			   uint64_t *xxh3, char *err, size_t errlen);
+
 /* ---- metadata files: 64-byte header + JSON document ---- */
 enum fmt_meta_kind { FMT_META_INDEX = 1, FMT_META_COMMIT = 2 };
 
@@ -183,6 +215,9 @@ enum fmt_meta_kind { FMT_META_INDEX = 1, FMT_META_COMMIT = 2 };
  * malloc'd buffer of FMT_META_HDR_SIZE + len bytes in *out. */
 int fmt_meta_wrap(int kind, const char *body, size_t len, uint8_t **out,
 		  size_t *out_len);
+/* The same with the frame's version (1..FMT_VERSION_MAX). */
+int fmt_meta_wrap_v(int kind, uint32_t version, const char *body, size_t len,
+		    uint8_t **out, size_t *out_len);
 /* Checks the frame of a whole file's bytes (magic, version, kind, length ==
  * file size - 64, body hash) and returns a pointer to the body inside
  * `file`. */
@@ -220,7 +255,19 @@ typedef struct fmt_chunk_entry {
 	uint64_t file_offset;   /* of the chunk header, multiple of 4096 */
 	uint64_t stream_offset;
 	uint64_t raw_xxh3;
+	uint64_t h128[2]; /* version 2: XXH3-128 (FMT_H128_SEED) of the raw
+			     bytes, high then low half; 0 in version 1 */
 } fmt_chunk_entry;
+
+/* Version 2: a shard file of an older step of the same host that chunks
+ * of this index refer to (chunk.file >= nfiles: refs[file - nfiles]). */
+typedef struct fmt_ref_entry {
+	uint64_t step; /* < the index's step */
+	char name[32]; /* h<host>-f<f>.shard of this index's host */
+	uint64_t size;
+	uint64_t xxh3; /* of the whole file */
+	uint32_t file; /* the f of its name */
+} fmt_ref_entry;
 
 typedef struct fmt_index {
 	uint64_t step;
@@ -237,7 +284,14 @@ typedef struct fmt_index {
 	fmt_chunk_entry *chunks; /* sorted by stream_offset, contiguous,
 	                            covering [0, stream_bytes) */
 	int32_t reason; /* enum ckpt_save_reason; unspecified if absent */
+	uint32_t version; /* 1 or 2 (0 encodes as 1); refs need 2 */
+	size_t nrefs;
+	fmt_ref_entry *refs; /* version 2: older files chunks refer to */
 } fmt_index;
+
+/* The file a chunk's `file` number names: files[] or refs[] (NULL if out
+ * of range); its name for messages. */
+const char *fmt_index_file_name(const fmt_index *ix, uint32_t file);
 
 /* Serializes to a framed file image (malloc'd). */
 int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len);
@@ -286,6 +340,10 @@ typedef struct fmt_commit {
 	size_t nfiles;
 	fmt_file_entry *files;  /* every index and shard file of every host */
 	int32_t reason; /* enum ckpt_save_reason; unspecified if absent */
+	uint32_t version; /* 1 or 2 (0 encodes as 1) */
+	size_t nrefs;
+	uint64_t *refs; /* version 2: steps the indexes refer to, descending,
+			   distinct, each < step */
 } fmt_commit;
 
 int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len);

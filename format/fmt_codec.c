@@ -34,6 +34,7 @@
 #include <string.h>
 
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode, see plane_params */
+#include <xxhash.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -51,6 +52,9 @@
 #define SAMPLE_NUM 97u
 #define SAMPLE_DEN 100u
 #define FLOAT_HDR(w) (2u + 5u * (unsigned)(w))
+/* fmt_chunk_decode_parts produces and hashes this many raw bytes at a
+ * time (a multiple of 8: whole elements of every width). */
+#define PART_BLOCK (32u * 1024u)
 
 struct fmt_codec_ctx {
 	ZSTD_CCtx *cctx;
@@ -60,6 +64,8 @@ struct fmt_codec_ctx {
 	uint8_t *sample;        /* ZSTD_compressBound(SAMPLE_BYTES) */
 	size_t sample_cap;
 	uint32_t *huf_pairs;    /* FMT_HUF_PAIRS, Huffman encoder scratch */
+	XXH3_state_t *hs;       /* fmt_chunk_decode_parts */
+	uint8_t *blk;           /* PART_BLOCK: raw bytes nobody wants */
 };
 
 fmt_codec_ctx *fmt_codec_ctx_new(void)
@@ -73,7 +79,10 @@ fmt_codec_ctx *fmt_codec_ctx_new(void)
 	c->sample_cap = ZSTD_compressBound(SAMPLE_BYTES);
 	c->sample = malloc(c->sample_cap);
 	c->huf_pairs = malloc(FMT_HUF_PAIRS * sizeof(uint32_t));
-	if (!c->cctx || !c->dctx || !c->sample || !c->huf_pairs) {
+	c->hs = XXH3_createState();
+	c->blk = malloc(PART_BLOCK);
+	if (!c->cctx || !c->dctx || !c->sample || !c->huf_pairs || !c->hs ||
+	    !c->blk) {
 		fmt_codec_ctx_free(c);
 		return NULL;
 	}
@@ -89,6 +98,8 @@ void fmt_codec_ctx_free(fmt_codec_ctx *c)
 	free(c->scratch);
 	free(c->sample);
 	free(c->huf_pairs);
+	XXH3_freeState(c->hs);
+	free(c->blk);
 	free(c);
 }
 
@@ -614,13 +625,15 @@ static int zstd_exact(fmt_codec_ctx *c, const uint8_t *src, size_t len,
 	return 0;
 }
 
-static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
-			size_t len, uint8_t *raw, size_t raw_len, char *err,
-			size_t errlen)
+/* Checks a float payload and decodes its planes (into the context's
+ * scratch, or pointing into `in` for raw planes); *tail gets the
+ * raw_len % w trailing bytes. */
+static int float_planes(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
+			size_t len, size_t raw_len, const uint8_t *planes[8],
+			const uint8_t **tail_bytes, char *err, size_t errlen)
 {
 	size_t n = raw_len / w, tail = raw_len % w;
 	size_t pos = FLOAT_HDR(w), need;
-	const uint8_t *planes[8];
 	uint8_t modes[8];
 	size_t lens[8];
 	int rc;
@@ -684,17 +697,30 @@ static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
 		}
 		pos += lens[j];
 	}
-	join(planes, n, w, raw);
-	memcpy(raw + n * w, in + pos, tail);
+	*tail_bytes = in + pos;
 	return 0;
 }
 
-int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
-		     const void *stored, size_t stored_len, void *raw,
-		     size_t raw_len, char *err, size_t errlen)
+static int decode_float(fmt_codec_ctx *c, unsigned w, const uint8_t *in,
+			size_t len, uint8_t *raw, size_t raw_len, char *err,
+			size_t errlen)
 {
-	if (!c || !stored || !raw)
-		return -EINVAL;
+	const uint8_t *planes[8], *tail;
+	size_t n = raw_len / w;
+	int rc = float_planes(c, w, in, len, raw_len, planes, &tail, err,
+			      errlen);
+
+	if (rc)
+		return rc;
+	join(planes, n, w, raw);
+	memcpy(raw + n * w, tail, raw_len % w);
+	return 0;
+}
+
+/* The checks every decode makes before touching the payload. */
+static int decode_check(int codec, int elem_width, size_t stored_len,
+			size_t raw_len, char *err, size_t errlen)
+{
 	if (raw_len < 1 || raw_len > FMT_MAX_CHUNK)
 		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
 				"chunk: raw_len %zu out of range", raw_len);
@@ -712,21 +738,133 @@ int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
 				"chunk: codec none with stored_len %zu != "
 				"raw_len %zu",
 				stored_len, raw_len);
-		memcpy(raw, stored, raw_len);
 		return 0;
 	case CKPT_CODEC_ZSTD:
-		return zstd_exact(c, stored, stored_len, raw, raw_len,
-				  "zstd payload", err, errlen);
+		return 0;
 	case CKPT_CODEC_FLOAT:
 		if (elem_width != 2 && elem_width != 4 && elem_width != 8)
 			return fmt_fail(
 				err, errlen, CKPT_E_CORRUPT,
 				"chunk: codec float with element width %d",
 				elem_width);
-		return decode_float(c, (unsigned)elem_width, stored, stored_len,
-				    raw, raw_len, err, errlen);
+		return 0;
 	default:
 		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
 				"chunk: unknown codec %d", codec);
 	}
+}
+
+int fmt_chunk_decode(fmt_codec_ctx *c, int codec, int elem_width,
+		     const void *stored, size_t stored_len, void *raw,
+		     size_t raw_len, char *err, size_t errlen)
+{
+	int rc;
+
+	if (!c || !stored || !raw)
+		return -EINVAL;
+	rc = decode_check(codec, elem_width, stored_len, raw_len, err, errlen);
+	if (rc)
+		return rc;
+	if (codec == CKPT_CODEC_NONE) {
+		memcpy(raw, stored, raw_len);
+		return 0;
+	}
+	if (codec == CKPT_CODEC_ZSTD)
+		return zstd_exact(c, stored, stored_len, raw, raw_len,
+				  "zstd payload", err, errlen);
+	return decode_float(c, (unsigned)elem_width, stored, stored_len, raw,
+			    raw_len, err, errlen);
+}
+
+/* 1 if parts tile [0, raw_len) in order with boundaries on multiples of
+ * w (or raw_len). */
+static int parts_tile(const fmt_part *parts, size_t nparts, size_t raw_len,
+		      unsigned w)
+{
+	uint64_t pos = 0;
+
+	for (size_t i = 0; i < nparts; i++) {
+		if (parts[i].off != pos || parts[i].len == 0 ||
+		    parts[i].len > raw_len - pos)
+			return 0;
+		pos += parts[i].len;
+		if (pos < raw_len && pos % w)
+			return 0;
+	}
+	return pos == raw_len;
+}
+
+/* Emits raw bytes [pos, end) of a float chunk (planes of n elements,
+ * then the tail) to out, hashing each block as it is made. */
+static void float_emit(fmt_codec_ctx *c, const uint8_t *const planes[8],
+		       const uint8_t *tail, size_t n, unsigned w, uint64_t pos,
+		       uint64_t end, uint8_t *out)
+{
+	uint64_t eend = end < (uint64_t)n * w ? end : (uint64_t)n * w;
+
+	while (pos < eend) {
+		size_t k = eend - pos < PART_BLOCK ? (size_t)(eend - pos) :
+						     PART_BLOCK;
+		const uint8_t *q[8];
+		uint8_t *o = out ? out : c->blk;
+
+		for (unsigned j = 0; j < w; j++)
+			q[j] = planes[j] + pos / w;
+		join(q, k / w, w, o);
+		XXH3_64bits_update(c->hs, o, k);
+		pos += k;
+		if (out)
+			out += k;
+	}
+	if (pos < end) { /* the tail: fewer than w bytes */
+		const uint8_t *t = tail + (pos - (uint64_t)n * w);
+
+		if (out)
+			memcpy(out, t, (size_t)(end - pos));
+		XXH3_64bits_update(c->hs, t, (size_t)(end - pos));
+	}
+}
+
+int fmt_chunk_decode_parts(fmt_codec_ctx *c, int codec, int elem_width,
+			   const void *stored, size_t stored_len,
+			   size_t raw_len, const fmt_part *parts, size_t nparts,
+			   uint64_t *xxh3, char *err, size_t errlen)
+{
+	const uint8_t *planes[8], *src = stored, *tail = NULL;
+	unsigned w = codec == CKPT_CODEC_FLOAT ? (unsigned)elem_width : 1;
+	int rc;
+
+	if (!c || !stored || !parts || !xxh3)
+		return -EINVAL;
+	rc = decode_check(codec, elem_width, stored_len, raw_len, err, errlen);
+	if (rc)
+		return rc;
+	if (!parts_tile(parts, nparts, raw_len, w))
+		return -EINVAL;
+	if (codec == CKPT_CODEC_FLOAT)
+		rc = float_planes(c, w, stored, stored_len, raw_len, planes,
+				  &tail, err, errlen);
+	else if (codec == CKPT_CODEC_ZSTD &&
+		 !(rc = scratch_reserve(c, raw_len)))
+		rc = zstd_exact(c, stored, stored_len, c->scratch, raw_len,
+				"zstd payload", err, errlen);
+	if (rc)
+		return rc;
+	if (codec == CKPT_CODEC_ZSTD)
+		src = c->scratch;
+	XXH3_64bits_reset(c->hs);
+	for (size_t i = 0; i < nparts; i++) {
+		const fmt_part *p = &parts[i];
+
+		if (codec == CKPT_CODEC_FLOAT) {
+			float_emit(c, planes, tail, raw_len / w, w, p->off,
+				   p->off + p->len, p->dst);
+			continue;
+		}
+		if (p->dst)
+			memcpy(p->dst, src + p->off, (size_t)p->len);
+		XXH3_64bits_update(c->hs, src + p->off, (size_t)p->len);
+	}
+	*xxh3 = XXH3_64bits_digest(c->hs);
+	return 0;
 }

@@ -25,6 +25,7 @@ static const char *file_kind_name(int kind)
 int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 {
 	fmt_sbuf b = { 0 };
+	uint32_t version = cm && cm->version ? cm->version : FMT_VERSION;
 
 	if (!cm || !out || !out_len || cm->step > FMT_JSON_MAX_INT ||
 	    cm->commit_unix_ns < 0 || cm->tensor_count > FMT_JSON_MAX_INT ||
@@ -32,6 +33,13 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 	    cm->stored_bytes > FMT_JSON_MAX_INT || (cm->nfiles && !cm->files) ||
 	    !ckpt_reason_name(cm->reason))
 		return -EINVAL;
+	if (version > FMT_VERSION_MAX || (version == 1 && cm->nrefs) ||
+	    (cm->nrefs && !cm->refs))
+		return -EINVAL;
+	for (size_t i = 0; i < cm->nrefs; i++)
+		if (cm->refs[i] >= cm->step ||
+		    (i && cm->refs[i] >= cm->refs[i - 1]))
+			return -EINVAL;
 	for (size_t i = 0; i < cm->nfiles; i++)
 		if (cm->files[i].size > FMT_JSON_MAX_INT ||
 		    !memchr(cm->files[i].name, 0, sizeof(cm->files[i].name)) ||
@@ -41,7 +49,7 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 	fmt_sb_printf(&b,
 		      "{\"format\":%d,\"kind\":\"commit\",\"step\":%llu,"
 		      "\"hosts\":%u,\"commit_unix_ns\":%lld,",
-		      FMT_VERSION, (unsigned long long)cm->step, cm->host_count,
+		      version, (unsigned long long)cm->step, cm->host_count,
 		      (long long)cm->commit_unix_ns);
 	fmt_sb_reason(&b, cm->reason);
 	fmt_sb_printf(&b,
@@ -57,8 +65,14 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len)
 		fmt_sb_printf(&b, ",\"host\":%u,\"kind\":\"%s\"}", f->host,
 			      file_kind_name(f->kind));
 	}
+	if (version >= FMT_VERSION_DEDUP) {
+		fmt_sb_str(&b, "],\n\"refs\":[");
+		for (size_t i = 0; i < cm->nrefs; i++)
+			fmt_sb_printf(&b, "%s%llu", i ? "," : "",
+				      (unsigned long long)cm->refs[i]);
+	}
 	fmt_sb_str(&b, "]}\n");
-	return fmt_sb_finish(&b, FMT_META_COMMIT, out, out_len);
+	return fmt_sb_finish(&b, FMT_META_COMMIT, version, out, out_len);
 }
 
 /* Parses "h%05u-f%03u.shard" / "h%05u.index" exactly as the writers
@@ -170,6 +184,35 @@ out:
 	return rc;
 }
 
+/* Version 2 "refs": steps referred to, descending, each older than this
+ * one (so no duplicates). Bounded by the document's element count. */
+static int decode_refs(fmt_jrd *r, json_t *refs, fmt_commit *cm)
+{
+	int rc;
+
+	if (!json_is_array(refs))
+		return fmt_jr_bad(r, "\"refs\": not an array");
+	cm->nrefs = json_array_size(refs);
+	if (cm->nrefs) {
+		cm->refs = calloc(cm->nrefs, sizeof(*cm->refs));
+		if (!cm->refs)
+			return -ENOMEM;
+	}
+	for (size_t i = 0; i < cm->nrefs; i++) {
+		rc = fmt_jr_uint(r, json_array_get(refs, i), FMT_JSON_MAX_INT,
+				 &cm->refs[i], "refs", "");
+		if (rc)
+			return rc;
+		if (cm->refs[i] >= cm->step ||
+		    (i && cm->refs[i] >= cm->refs[i - 1]))
+			return fmt_jr_bad(r,
+					  "refs[%zu]: %llu not older than "
+					  "the step and the entry before",
+					  i, (unsigned long long)cm->refs[i]);
+	}
+	return 0;
+}
+
 static int decode_commit(fmt_jrd *r, json_t *root, fmt_commit *cm)
 {
 	static const char *const keys[] = { "format",         "kind",
@@ -177,6 +220,11 @@ static int decode_commit(fmt_jrd *r, json_t *root, fmt_commit *cm)
 					    "commit_unix_ns", "tensors",
 					    "raw_bytes",      "stored_bytes",
 					    "files",          NULL };
+	static const char *const keys2[] = {
+		"format",         "kind",    "step",      "hosts",
+		"commit_unix_ns", "tensors", "raw_bytes", "stored_bytes",
+		"files",          "refs",    NULL
+	};
 	static const char *const fkeys[] = { "name", "size", "xxh3",
 					     "host", "kind", NULL };
 	static const char *const opt[] = { "reason", NULL };
@@ -185,7 +233,9 @@ static int decode_commit(fmt_jrd *r, json_t *root, fmt_commit *cm)
 	int rc;
 
 	if ((rc = fmt_jr_header(r, root, "commit")) ||
-	    (rc = fmt_jr_keys_opt(r, root, keys, opt, "document")) ||
+	    (rc = fmt_jr_keys_opt(
+		     r, root, r->version >= FMT_VERSION_DEDUP ? keys2 : keys,
+		     opt, "document")) ||
 	    (rc = fmt_jr_reason(r, root, &cm->reason)) ||
 	    (rc = fmt_jr_key_uint(r, root, "step", FMT_JSON_MAX_INT, &cm->step,
 				  "")) ||
@@ -255,13 +305,17 @@ static int decode_commit(fmt_jrd *r, json_t *root, fmt_commit *cm)
 				where, (unsigned long long)fe->size,
 				json_string_value(k));
 	}
+	cm->version = r->version;
+	if (r->version >= FMT_VERSION_DEDUP &&
+	    (rc = decode_refs(r, json_object_get(root, "refs"), cm)))
+		return rc;
 	return check_commit_files(r, cm);
 }
 
 int fmt_commit_decode(const uint8_t *file, size_t file_len, fmt_commit *cm,
 		      char *err, size_t errlen)
 {
-	fmt_jrd r = { err, errlen, "commit" };
+	fmt_jrd r = { err, errlen, "commit", 0 };
 	json_t *root;
 	int rc;
 
@@ -283,5 +337,6 @@ void fmt_commit_free(fmt_commit *cm)
 	if (!cm)
 		return;
 	free(cm->files);
+	free(cm->refs);
 	memset(cm, 0, sizeof(*cm));
 }

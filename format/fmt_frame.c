@@ -21,9 +21,16 @@ static const uint8_t meta_magic[8] = { 'C', 'K', 'P', 'T', 'M', 'E', 'T', 'A' };
 int fmt_meta_wrap(int kind, const char *body, size_t len, uint8_t **out,
 		  size_t *out_len)
 {
+	return fmt_meta_wrap_v(kind, FMT_VERSION, body, len, out, out_len);
+}
+
+int fmt_meta_wrap_v(int kind, uint32_t version, const char *body, size_t len,
+		    uint8_t **out, size_t *out_len)
+{
 	uint8_t *p;
 
-	if (!out || !out_len || (!body && len) ||
+	if (!out || !out_len || (!body && len) || version == 0 ||
+	    version > FMT_VERSION_MAX ||
 	    (kind != FMT_META_INDEX && kind != FMT_META_COMMIT) ||
 	    len > FMT_MAX_META_BYTES)
 		return -EINVAL;
@@ -32,7 +39,7 @@ int fmt_meta_wrap(int kind, const char *body, size_t len, uint8_t **out,
 		return -ENOMEM;
 	memset(p, 0, FMT_META_HDR_SIZE);
 	memcpy(p, meta_magic, 8);
-	fmt_put_u32(p + 8, FMT_VERSION);
+	fmt_put_u32(p + 8, version);
 	fmt_put_u32(p + 12, (uint32_t)kind);
 	fmt_put_u64(p + 16, len);
 	fmt_put_hash(p + 24, fmt_xxh3(body, len));
@@ -69,12 +76,12 @@ int fmt_meta_unwrap(int kind, const uint8_t *file, size_t file_len,
 		return fmt_fail(err, errlen, CKPT_E_CORRUPT, "%s: bad magic",
 				what);
 	version = fmt_get_u32(file + 8);
-	if (version > FMT_VERSION)
+	if (version > FMT_VERSION_MAX)
 		return fmt_fail(err, errlen, CKPT_E_VERSION,
 				"%s: format version %u, this library reads "
 				"version %u",
-				what, version, FMT_VERSION);
-	if (version != FMT_VERSION)
+				what, version, FMT_VERSION_MAX);
+	if (version == 0)
 		return fmt_fail(err, errlen, CKPT_E_CORRUPT,
 				"%s: bad format version %u", what, version);
 	if (fmt_get_hash(file + 56) != fmt_xxh3(file, 56))

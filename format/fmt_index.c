@@ -25,6 +25,7 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 {
 	fmt_sbuf b = { 0 };
 	char hex[33];
+	uint32_t version = ix && ix->version ? ix->version : FMT_VERSION;
 
 	if (!ix || !out || !out_len || ix->step > FMT_JSON_MAX_INT ||
 	    ix->stream_bytes > FMT_JSON_MAX_INT || (ix->nfiles && !ix->files) ||
@@ -53,13 +54,21 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 		if (ix->chunks[i].file_offset > FMT_JSON_MAX_INT ||
 		    ix->chunks[i].stream_offset > FMT_JSON_MAX_INT)
 			return -EINVAL;
+	if (version > FMT_VERSION_MAX || (version == 1 && ix->nrefs) ||
+	    (ix->nrefs && !ix->refs) || ix->nrefs > FMT_MAX_REFS)
+		return -EINVAL;
+	for (size_t i = 0; i < ix->nrefs; i++)
+		if (ix->refs[i].step >= ix->step ||
+		    ix->refs[i].size > FMT_JSON_MAX_INT ||
+		    !memchr(ix->refs[i].name, 0, sizeof(ix->refs[i].name)))
+			return -EINVAL;
 
 	for (int i = 0; i < 16; i++)
 		snprintf(hex + 2 * i, 3, "%02x", ix->save_id[i]);
 	fmt_sb_printf(&b,
 		      "{\"format\":%d,\"kind\":\"index\",\"step\":%llu,"
 		      "\"save_id\":\"%s\",\"host\":%u,\"hosts\":%u,",
-		      FMT_VERSION, (unsigned long long)ix->step, hex,
+		      version, (unsigned long long)ix->step, hex,
 		      ix->host_index, ix->host_count);
 	fmt_sb_reason(&b, ix->reason);
 	fmt_sb_printf(&b,
@@ -70,6 +79,21 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 
 		fmt_sb_file(&b, f, i == 0);
 		fmt_sb_str(&b, "}");
+	}
+	if (version >= FMT_VERSION_DEDUP) {
+		fmt_sb_str(&b, "],\n\"refs\":[");
+		for (size_t i = 0; i < ix->nrefs; i++) {
+			const fmt_ref_entry *f = &ix->refs[i];
+
+			fmt_sb_printf(&b,
+				      "%s{\"step\":%llu,\"name\":\"%s\","
+				      "\"size\":%llu,\"xxh3\":",
+				      i ? ",\n" : "\n",
+				      (unsigned long long)f->step, f->name,
+				      (unsigned long long)f->size);
+			fmt_sb_hash(&b, f->xxh3);
+			fmt_sb_str(&b, "}");
+		}
 	}
 	fmt_sb_str(&b, "],\n\"tensors\":[");
 	for (size_t i = 0; i < ix->ntensors; i++) {
@@ -99,10 +123,14 @@ int fmt_index_encode(const fmt_index *ix, uint8_t **out, size_t *out_len)
 			      (unsigned long long)ch->stream_offset, ch->codec,
 			      ch->elem_width);
 		fmt_sb_hash(&b, ch->raw_xxh3);
+		if (version >= FMT_VERSION_DEDUP) {
+			fmt_sb_str(&b, ",");
+			fmt_sb_hash128(&b, ch->h128);
+		}
 		fmt_sb_str(&b, "]");
 	}
 	fmt_sb_str(&b, "]}\n");
-	return fmt_sb_finish(&b, FMT_META_INDEX, out, out_len);
+	return fmt_sb_finish(&b, FMT_META_INDEX, version, out, out_len);
 }
 
 /* ---- decoding ---- */
@@ -323,9 +351,13 @@ static int decode_chunk(fmt_jrd *r, json_t *a, size_t k, const fmt_index *ix,
 	uint64_t v[7], want_raw;
 	int rc;
 
+	size_t nvals = r->version >= FMT_VERSION_DEDUP ? 9 : 8;
+	uint64_t fsize;
+
 	snprintf(where, sizeof(where), "chunks[%zu]", k);
-	if (!json_is_array(a) || json_array_size(a) != 8)
-		return fmt_jr_bad(r, "%s: not an array of 8 values", where);
+	if (!json_is_array(a) || json_array_size(a) != nvals)
+		return fmt_jr_bad(r, "%s: not an array of %zu values", where,
+				  nvals);
 	static const char *const names[7] = {
 		": file",          ": file_offset", ": stored_len", ": raw_len",
 		": stream_offset", ": codec",       ": elem_width"
@@ -341,9 +373,17 @@ static int decode_chunk(fmt_jrd *r, json_t *a, size_t k, const fmt_index *ix,
 	    fmt_hash_parse(json_string_value(h), &ch->raw_xxh3) != 0)
 		return fmt_jr_bad(r, "%s: xxh3: not 16 lower-case hex digits",
 				  where);
-	if (v[0] >= ix->nfiles)
-		return fmt_jr_bad(r, "%s: file %llu, index lists %zu files",
-				  where, (unsigned long long)v[0], ix->nfiles);
+	h = nvals > 8 ? json_array_get(a, 8) : NULL;
+	if (h && (!json_is_string(h) || json_string_length(h) != 32 ||
+		  fmt_hash128_parse(json_string_value(h), ch->h128) != 0))
+		return fmt_jr_bad(r, "%s: xxh128: not 32 lower-case hex digits",
+				  where);
+	if (v[0] >= ix->nfiles + ix->nrefs)
+		return fmt_jr_bad(r,
+				  "%s: file %llu, index lists %zu files "
+				  "and %zu refs",
+				  where, (unsigned long long)v[0], ix->nfiles,
+				  ix->nrefs);
 	if (v[1] < FMT_SHARD_HDR_SIZE || v[1] % FMT_ALIGN)
 		return fmt_jr_bad(
 			r,
@@ -379,16 +419,17 @@ static int decode_chunk(fmt_jrd *r, json_t *a, size_t k, const fmt_index *ix,
 			"and codec %s",
 			where, (unsigned long long)v[2],
 			(unsigned long long)v[3], ckpt_codec_name((int)v[5]));
-	if (v[1] > ix->files[v[0]].size ||
-	    fmt_chunk_span((uint32_t)v[2]) > ix->files[v[0]].size - v[1])
+	fsize = v[0] < ix->nfiles ? ix->files[v[0]].size :
+				    ix->refs[v[0] - ix->nfiles].size;
+	if (v[1] > fsize || fmt_chunk_span((uint32_t)v[2]) > fsize - v[1])
 		return fmt_jr_bad(
 			r,
 			"%s: span [%llu, +%llu) beyond the %llu bytes "
 			"of %s",
 			where, (unsigned long long)v[1],
 			(unsigned long long)fmt_chunk_span((uint32_t)v[2]),
-			(unsigned long long)ix->files[v[0]].size,
-			ix->files[v[0]].name);
+			(unsigned long long)fsize,
+			fmt_index_file_name(ix, (uint32_t)v[0]));
 	ch->file = (uint32_t)v[0];
 	ch->file_offset = v[1];
 	ch->stored_len = (uint32_t)v[2];
@@ -427,7 +468,7 @@ static int check_chunk_spans(fmt_jrd *r, const fmt_index *ix)
 				r, "chunks[%llu]: overlaps chunks[%llu] in %s",
 				(unsigned long long)s[3 * k + 2],
 				(unsigned long long)s[3 * k - 1],
-				ix->files[p->file].name);
+				fmt_index_file_name(ix, p->file));
 			break;
 		}
 	}
@@ -444,12 +485,96 @@ static int hexval(char c)
 	return -1;
 }
 
+/* Version 2 "refs": older shard files of this host, each named once. */
+static int decode_refs(fmt_jrd *r, json_t *refs, fmt_index *ix)
+{
+	static const char *const rkeys[] = { "step", "name", "size", "xxh3",
+					     NULL };
+	int rc;
+
+	if (!json_is_array(refs) || json_array_size(refs) > FMT_MAX_REFS)
+		return fmt_jr_bad(r,
+				  "\"refs\": not an array of at most %u "
+				  "entries",
+				  FMT_MAX_REFS);
+	ix->nrefs = json_array_size(refs);
+	if (ix->nrefs) {
+		ix->refs = calloc(ix->nrefs, sizeof(*ix->refs));
+		if (!ix->refs)
+			return -ENOMEM;
+	}
+	for (size_t i = 0; i < ix->nrefs; i++) {
+		fmt_ref_entry *re = &ix->refs[i];
+		json_t *o = json_array_get(refs, i);
+		fmt_file_entry fe;
+		char where[32], want[32];
+		uint64_t f;
+		const char *p;
+
+		snprintf(where, sizeof(where), "refs[%zu]", i);
+		if ((rc = fmt_jr_keys(r, o, rkeys, where)) ||
+		    (rc = fmt_jr_file(r, o, &fe, where)) ||
+		    (rc = fmt_jr_key_uint(r, o, "step", FMT_JSON_MAX_INT,
+					  &re->step, where)))
+			return rc;
+		if (re->step >= ix->step)
+			return fmt_jr_bad(r,
+					  "%s: step %llu is not older than "
+					  "step %llu",
+					  where, (unsigned long long)re->step,
+					  (unsigned long long)ix->step);
+		/* h<host>-f<f>.shard of this host, canonical */
+		p = strstr(fe.name, "-f");
+		f = 0;
+		for (p = p ? p + 2 : fe.name;
+		     *p >= '0' && *p <= '9' && f < FMT_MAX_FILES_PER_HOST; p++)
+			f = f * 10 + (uint64_t)(*p - '0');
+		fmt_shard_name(ix->host_index, (uint32_t)f, want);
+		if (f >= FMT_MAX_FILES_PER_HOST || strcmp(fe.name, want) != 0)
+			return fmt_jr_bad(r,
+					  "%s: name \"%s\" is no shard file "
+					  "of host %u",
+					  where, fe.name, ix->host_index);
+		if (fe.size < FMT_SHARD_HDR_SIZE)
+			return fmt_jr_bad(r,
+					  "%s: size %llu smaller than the "
+					  "shard header",
+					  where, (unsigned long long)fe.size);
+		for (size_t j = 0; j < i; j++)
+			if (ix->refs[j].step == re->step &&
+			    strcmp(ix->refs[j].name, fe.name) == 0)
+				return fmt_jr_bad(r,
+						  "%s: same file as refs[%zu]",
+						  where, j);
+		memcpy(re->name, fe.name, sizeof(re->name));
+		re->size = fe.size;
+		re->xxh3 = fe.xxh3;
+		re->file = (uint32_t)f;
+	}
+	return 0;
+}
+
+const char *fmt_index_file_name(const fmt_index *ix, uint32_t file)
+{
+	if (file < ix->nfiles)
+		return ix->files[file].name;
+	if (file - ix->nfiles < ix->nrefs)
+		return ix->refs[file - ix->nfiles].name;
+	return NULL;
+}
+
 static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 {
 	static const char *const keys[] = {
 		"format", "kind",    "step",        "save_id",
 		"host",   "hosts",   "chunk_bytes", "stream_bytes",
 		"files",  "tensors", "chunks",      NULL
+	};
+	static const char *const keys2[] = {
+		"format", "kind",  "step",        "save_id",
+		"host",   "hosts", "chunk_bytes", "stream_bytes",
+		"files",  "refs",  "tensors",     "chunks",
+		NULL
 	};
 	static const char *const opt[] = { "reason", NULL };
 	static const char *const fkeys[] = { "name", "size", "xxh3", NULL };
@@ -459,7 +584,9 @@ static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 
 	/* The version first: a newer document may well have other keys. */
 	if ((rc = fmt_jr_header(r, root, "index")) ||
-	    (rc = fmt_jr_keys_opt(r, root, keys, opt, "document")) ||
+	    (rc = fmt_jr_keys_opt(
+		     r, root, r->version >= FMT_VERSION_DEDUP ? keys2 : keys,
+		     opt, "document")) ||
 	    (rc = fmt_jr_reason(r, root, &ix->reason)) ||
 	    (rc = fmt_jr_key_uint(r, root, "step", FMT_JSON_MAX_INT, &ix->step,
 				  "")))
@@ -538,6 +665,10 @@ static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 		fe->host = ix->host_index;
 		fe->kind = CKPT_FILE_SHARD;
 	}
+	ix->version = r->version;
+	if (r->version >= FMT_VERSION_DEDUP &&
+	    (rc = decode_refs(r, json_object_get(root, "refs"), ix)))
+		return rc;
 
 	/* tensors */
 	tensors = json_object_get(root, "tensors");
@@ -588,7 +719,7 @@ static int decode_index(fmt_jrd *r, json_t *root, fmt_index *ix)
 int fmt_index_decode(const uint8_t *file, size_t file_len, fmt_index *ix,
 		     char *err, size_t errlen)
 {
-	fmt_jrd r = { err, errlen, "index" };
+	fmt_jrd r = { err, errlen, "index", 0 };
 	json_t *root;
 	int rc;
 
@@ -615,5 +746,6 @@ void fmt_index_free(fmt_index *ix)
 	free(ix->tensors);
 	free(ix->files);
 	free(ix->chunks);
+	free(ix->refs);
 	memset(ix, 0, sizeof(*ix));
 }

@@ -127,7 +127,17 @@ void fmt_sb_reason(fmt_sbuf *b, int32_t reason)
 			      ckpt_reason_name(reason));
 }
 
-int fmt_sb_finish(fmt_sbuf *b, int kind, uint8_t **out, size_t *out_len)
+void fmt_sb_hash128(fmt_sbuf *b, const uint64_t h[2])
+{
+	char hi[17], lo[17];
+
+	fmt_hash_hex(h[0], hi);
+	fmt_hash_hex(h[1], lo);
+	fmt_sb_printf(b, "\"%s%s\"", hi, lo);
+}
+
+int fmt_sb_finish(fmt_sbuf *b, int kind, uint32_t version, uint8_t **out,
+		  size_t *out_len)
 {
 	int rc;
 
@@ -135,7 +145,7 @@ int fmt_sb_finish(fmt_sbuf *b, int kind, uint8_t **out, size_t *out_len)
 		free(b->p);
 		return -ENOMEM;
 	}
-	rc = fmt_meta_wrap(kind, b->p, b->len, out, out_len);
+	rc = fmt_meta_wrap_v(kind, version, b->p, b->len, out, out_len);
 	free(b->p);
 	return rc;
 }
@@ -255,16 +265,15 @@ int fmt_jr_header(fmt_jrd *r, json_t *root, const char *kind)
 
 	if (!json_is_integer(f))
 		return fmt_jr_bad(r, "\"format\": not an integer");
-	if (json_integer_value(f) > FMT_VERSION)
+	if (json_integer_value(f) > FMT_VERSION_MAX)
 		return fmt_fail(r->err, r->errlen, CKPT_E_VERSION,
 				"%s: document format %lld, this library reads "
 				"version %d",
 				r->doc, (long long)json_integer_value(f),
-				FMT_VERSION);
-	if (json_integer_value(f) != FMT_VERSION)
-		return fmt_jr_bad(r, "\"format\": %lld, expected %d",
-				  (long long)json_integer_value(f),
-				  FMT_VERSION);
+				FMT_VERSION_MAX);
+	if (json_integer_value(f) != (json_int_t)r->version)
+		return fmt_jr_bad(r, "\"format\": %lld, the frame says %u",
+				  (long long)json_integer_value(f), r->version);
 	if (!json_is_string(k) || strcmp(json_string_value(k), kind) != 0)
 		return fmt_jr_bad(r, "\"kind\": expected \"%s\"", kind);
 	return 0;
@@ -314,6 +323,7 @@ int fmt_jr_load(fmt_jrd *r, int kind, const uint8_t *file, size_t file_len,
 			     r->errlen);
 	if (rc)
 		return rc;
+	r->version = fmt_get_u32(file + 8);
 	pthread_once(&json_hook_once, json_hook_install);
 	json_alloc_failed = 0;
 	memset(&je, 0, sizeof(je));

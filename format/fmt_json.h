@@ -51,7 +51,10 @@ void fmt_sb_file(fmt_sbuf *b, const fmt_file_entry *f, int first);
 void fmt_sb_reason(fmt_sbuf *b, int32_t reason);
 /* Frames the document as a file of `kind` (fmt_meta_wrap) and frees the
  * buffer; -ENOMEM if any write failed. */
-int fmt_sb_finish(fmt_sbuf *b, int kind, uint8_t **out, size_t *out_len);
+int fmt_sb_finish(fmt_sbuf *b, int kind, uint32_t version, uint8_t **out,
+		  size_t *out_len);
+/* A 128-bit hash as 32 hex digits, high half first. */
+void fmt_sb_hash128(fmt_sbuf *b, const uint64_t h[2]);
 
 /* ---- reader ---- */
 /* Decoding state: the error buffer and the document kind for messages. */
@@ -59,6 +62,8 @@ typedef struct fmt_jrd {
 	char *err;
 	size_t errlen;
 	const char *doc;
+	uint32_t version; /* fmt_jr_load: the frame's; fmt_jr_header checks
+			     "format" equals it */
 } fmt_jrd;
 
 /* Writes "<doc>: <message>" and returns CKPT_E_CORRUPT. */
@@ -71,7 +76,8 @@ int fmt_jr_bad(fmt_jrd *r, const char *fmt, ...)
  */
 int fmt_jr_load(fmt_jrd *r, int kind, const uint8_t *file, size_t file_len,
 		json_t **root);
-/* "format" is this version (CKPT_E_VERSION if newer), "kind" is `kind`. */
+/* "format" is a version this library reads (CKPT_E_VERSION if newer)
+ * and equals the frame's; "kind" is `kind`. */
 int fmt_jr_header(fmt_jrd *r, json_t *root, const char *kind);
 /* Rejects keys not in `keys` (NULL-terminated) and missing keys. */
 int fmt_jr_keys(fmt_jrd *r, json_t *obj, const char *const *keys,

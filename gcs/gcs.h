@@ -113,6 +113,11 @@ int gcs_poll(struct gcs_client *c, int timeout_ms);
 /* The one call another thread may make: ends the owner's gcs_poll() (or
  * the next one) early, e.g. after queueing data for it to append. */
 void gcs_wakeup(struct gcs_client *c);
+/* Also callable from another thread: every operation of the client, now
+ * and later, ends at once with -ECANCELED ("cancelled"), in flight or
+ * not; for a thread that must stop now rather than after its requests'
+ * deadline. Wakes the owner. */
+void gcs_cancel(struct gcs_client *c);
 int gcs_op_done(const struct gcs_op *op);
 int gcs_op_wait(struct gcs_op *op); /* result: 0 or error */
 const char *gcs_op_errmsg(const struct gcs_op *op);

@@ -154,6 +154,7 @@ void req_reset(struct gcs_req *r)
 		r->resp.p[0] = 0;
 	memset(r->iov, 0, sizeof(r->iov));
 	r->body_len = r->body_off = 0;
+	r->resent = 0;
 	r->has_body = 0;
 	r->src = NULL;
 	r->media = 0;
@@ -404,6 +405,10 @@ static int seek_cb(void *arg, curl_off_t off, int origin)
 	} else {
 		if ((size_t)off > r->body_len)
 			return CURL_SEEKFUNC_FAIL;
+		/* curl sends a request again by itself when a reused
+		 * connection died before any answer: no retry of ours */
+		if (r->body_off > (size_t)off)
+			r->resent = 1;
 		r->body_off = (size_t)off;
 	}
 	return CURL_SEEKFUNC_OK;
@@ -663,6 +668,21 @@ static void reap(struct gcs_client *c)
 	}
 }
 
+/* gcs_cancel: every op not done ends now, its transfer dropped. */
+static void cancel_all(struct gcs_client *c)
+{
+	struct gcs_op *op;
+
+	for (op = c->ops; op; op = op->next) {
+		if (op->done)
+			continue;
+		if (op->in_flight)
+			end_attempt(c, op);
+		snprintf(op->msg, sizeof(op->msg), "%s: cancelled", op->what);
+		op_finish(op, -ECANCELED);
+	}
+}
+
 int gcs_poll(struct gcs_client *c, int timeout_ms)
 {
 	double t_end = gcs_now() + timeout_ms / 1000.0;
@@ -673,6 +693,8 @@ int gcs_poll(struct gcs_client *c, int timeout_ms)
 		double next = t_end, now;
 		int wait_ms;
 
+		if (atomic_load(&c->cancelled))
+			cancel_all(c);
 		issue_ready(c);
 		curl_multi_perform(c->multi, &running);
 		reap(c);
@@ -701,6 +723,12 @@ void gcs_wakeup(struct gcs_client *c)
 {
 	atomic_store(&c->woken, 1);
 	curl_multi_wakeup(c->multi);
+}
+
+void gcs_cancel(struct gcs_client *c)
+{
+	atomic_store(&c->cancelled, 1);
+	gcs_wakeup(c);
 }
 
 int gcs_op_done(const struct gcs_op *op)

@@ -295,10 +295,11 @@ int gcs_stat(struct gcs_client *c, const char *bucket, const char *name,
 	return rc ? rc : finish_object(op, meta);
 }
 
-/* A create-only insert was retried and then hit 412: the reply to an
- * earlier attempt may have been lost after the object was stored. If the
- * object has our size and crc32c, the create was ours (or an identical
- * one): success. Otherwise the 412 stands. */
+/* A create-only insert was sent again (retried by us, or resent by curl
+ * on a fresh connection) and then hit 412: the reply to an earlier send
+ * may have been lost after the object was stored. If the object has our
+ * size and crc32c, the create was ours (or an identical one): success.
+ * Otherwise the 412 stands. */
 static int create_was_ours(struct gcs_op *op, size_t len)
 {
 	struct gcs_object o = { 0 };
@@ -379,7 +380,7 @@ int gcs_put(struct gcs_client *c, const char *bucket, const char *name,
 		return rc;
 	rc = gcs_op_wait(op);
 	if (rc == GCS_E_PRECONDITION && cond.if_generation_match == 0 &&
-	    op->attempt > 0)
+	    (op->attempt > 0 || op->req.resent))
 		rc = create_was_ours(op, len);
 	if (rc == 0 && meta) {
 		*meta = op->obj;

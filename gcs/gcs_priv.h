@@ -49,6 +49,7 @@ struct gcs_req {
 	uint32_t sink_crc;
 	int64_t expect_start; /* media must start here (206), -1: any */
 	int proto_err;
+	int resent; /* curl rewound a body it had sent: sent twice */
 	/* reply */
 	long status;
 	CURLcode cc;
@@ -163,6 +164,7 @@ struct gcs_client {
 	uint64_t rng;
 	struct gcs_stats stats;
 	atomic_int woken; /* gcs_wakeup() since the last gcs_poll() */
+	atomic_int cancelled; /* gcs_cancel(): every op ends */
 	char msg[1024];
 };
 

@@ -79,6 +79,9 @@
  *    undefined. Open new handles in the child if it needs the library.
  *
  * Symbols not declared here are not API.
+ *
+ * One header on purpose (as zstd.h, sqlite3.h, curl.h): a user reads the
+ * whole contract in one file; most of its ~1,100 lines are documentation.
  */
 #ifndef CKPT_H
 #define CKPT_H
@@ -207,6 +210,15 @@ CKPT_API int ckpt_codec_from_name(const char *name);
 #define CKPT_F_WATCH (1u << 3)        /* ckpt_open() starts the maintenance
                                          watcher with default options
                                          (see ckpt_watch_start) */
+/* Deduplication (SPEC.md section 16): a chunk whose bytes equal those of
+ * the same chunk in the newest committed step (frozen layers when
+ * fine-tuning) is neither rewritten nor re-uploaded; the new step refers
+ * to the older step's bytes, and retention/gc keep referenced steps.
+ * Steps are then written in format version 2. Only a plain directory
+ * dedups (with `remote` or a gs:// root every save is written in full).
+ * Off by default for now; the environment variable CKPT_DEDUP=1 turns it
+ * on for every handle and CKPT_DEDUP=0 off (overriding the flag). */
+#define CKPT_F_DEDUP (1u << 4)
 
 typedef struct ckpt_settings {
 	/* Staging pool, allocated and pre-faulted once by ckpt_open().
@@ -272,6 +284,11 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s);
 /*
  * Waits for an in-flight save, then frees everything. Returns the status
  * of that save (0 if there was none or it succeeded). Accepts NULL.
+ * With a remote (settings.remote), after the save a notice asked for, it
+ * also waits for the upload to be committed in the bucket, until 3 s
+ * before the notice's deadline at most: the VM is about to stop, and a
+ * node that does not come back keeps nothing local. What is left stays
+ * journaled for the next ckpt_open (the journal says which).
  * In a child of fork() it only releases the child's copy (see the top).
  */
 CKPT_API int ckpt_close(ckpt *c);
@@ -318,8 +335,11 @@ CKPT_API int ckpt_save(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 
 enum ckpt_save_state {
 	CKPT_STATE_IDLE = 0,      /* no save has been started */
-	CKPT_STATE_STAGING = 1,   /* ckpt_save() is copying */
-	CKPT_STATE_WRITING = 2,   /* copy done, writing in background */
+	CKPT_STATE_STAGING = 1,   /* ckpt_save() is copying, or (borrow
+	                             mode) the engine still reads the
+	                             caller's buffers */
+	CKPT_STATE_WRITING = 2,   /* copy done (buffers released), writing
+	                             in background */
 	CKPT_STATE_DONE = 3,      /* this host's part is durable (and the
 	                             step committed, unless manual commit) */
 	CKPT_STATE_FAILED = 4
@@ -392,7 +412,7 @@ typedef struct ckpt_save_opts {
 	                        step's index and commit record (SPEC.md 7,
 	                        8), reported by ckpt_list and
 	                        ckpt_reader_stats */
-	uint32_t flags;      /* none defined yet: must be 0 */
+	uint32_t flags;      /* CKPT_SAVE_* below; others must be 0 */
 	/* Wall-clock deadline (unix ns, 0 = none). A save asked for after
 	 * its deadline is refused with -ETIMEDOUT before anything is copied;
 	 * later the deadline is advisory (a started save always completes or
@@ -400,6 +420,36 @@ typedef struct ckpt_save_opts {
 	int64_t deadline_ns;
 	uint64_t reserved[6]; /* must be zero */
 } ckpt_save_opts;
+
+/*
+ * ckpt_save_opts.flags: borrow mode. The caller lends its tensors' memory
+ * instead of having it copied: ckpt_save_ex() only validates, queues the
+ * save and returns (no staging copy, so the call blocks for microseconds
+ * whatever the state size); the worker threads then read each chunk
+ * straight from the caller's memory, compress it into the pool's output
+ * buffers or, for chunks stored raw (codec none, or a chunk that does not
+ * shrink), copy it into a staging slot in the same pass as its checksum.
+ * Raw chunks are copied because a chunk's file bytes are a 64-byte header
+ * followed by the payload, which O_DIRECT (block-aligned memory and
+ * lengths) cannot write from the caller's memory; the disk and an upload
+ * (settings.remote, gs://) only ever see the pool's buffers, so neither
+ * holds the caller's memory: the release does not wait for the disk or
+ * the server.
+ *
+ * The caller promises not to modify (or free) the memory of any tensor
+ * until the engine releases it, which happens once every chunk has been
+ * read (long before the step is durable when the pool is large enough),
+ * or once the save has failed and no worker reads any more. The caller
+ * learns of it by any of:
+ *  - ckpt_wait_released(): blocks (or polls, or times out) until then;
+ *  - ckpt_poll(): progress.state leaves CKPT_STATE_STAGING;
+ *  - ckpt_wait() (and ckpt_close()) return only after it.
+ * If ckpt_save_ex() itself fails, nothing is borrowed when it returns. The
+ * memory may have any alignment. Reading it while it is borrowed is fine.
+ * The failure semantics are those of ckpt_save(): a failed save leaves
+ * nothing visible.
+ */
+#define CKPT_SAVE_BORROW (1u << 0)
 
 /* Fills *o with: codec and level CKPT_SAVE_DEFAULT, reason unspecified, no
  * deadline, no flags. */
@@ -409,6 +459,17 @@ CKPT_API void ckpt_save_opts_default(ckpt_save_opts *o);
  * -EINVAL for bad options and -ETIMEDOUT (see deadline_ns). */
 CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 			  size_t count, const ckpt_save_opts *o);
+
+/*
+ * Borrow mode (CKPT_SAVE_BORROW): waits until the engine no longer reads
+ * the caller's memory for the save in flight, then returns 0; at once
+ * when no borrowed save is being read (none in flight, a copying save, or
+ * already released). timeout_ms < 0 waits for ever, 0 only checks;
+ * -ETIMEDOUT if the memory is still borrowed at the end. The outcome of
+ * the save is not reported here (ckpt_wait, ckpt_poll): a failed save
+ * releases the memory too.
+ */
+CKPT_API int ckpt_wait_released(ckpt *c, int timeout_ms);
 
 /*
  * Sinks. A save writes to the local shard files (sink 0, always present)
@@ -532,7 +593,10 @@ typedef struct ckpt_step_info {
 	                             (host 0's, or the lowest host's that
 	                             gave one); unspecified if none */
 	uint32_t reserved32;
-	uint64_t reserved[3];
+	/* Dedup (CKPT_F_DEDUP): the newest listed step whose chunks refer to
+	 * this step's bytes, so retention and gc keep it; 0 if none. */
+	uint64_t referenced_by;
+	uint64_t reserved[2];
 } ckpt_step_info;
 
 /*
@@ -605,7 +669,8 @@ typedef struct ckpt_reader ckpt_reader;
 /*
  * Opens committed step `step` (or CKPT_LATEST) under root `dir`. Reads and
  * validates the commit record and every host's index. `s` may be NULL; only
- * threads, queue_depth and flags are used.
+ * threads, queue_depth and flags are used (the settings given to ckpt_open
+ * are accepted as they are: flags that only concern saving are ignored).
  * On failure *out is NULL and ckpt_reader_errmsg(NULL) explains.
  */
 CKPT_API int ckpt_reader_open(ckpt_reader **out, const char *dir,
@@ -751,11 +816,14 @@ typedef struct ckpt_stats {
 CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out);
 
 /*
- * Copies the step's files into root directory `dst_root` (created if
- * needed) as a committed checkpoint of the same step, checking every
- * file's size and XXH3 while copying; the commit record is written last
- * and `latest` updated. On any mismatch nothing is committed at the
- * destination. `fn` may be NULL.
+ * Copies the step's files into root `dst_root` (a directory, created if
+ * needed, or gs://BUCKET/PREFIX) as a committed checkpoint of the same
+ * step, checking every file's size and XXH3 while copying; the commit
+ * record is written last and `latest` updated. On any mismatch nothing is
+ * committed at the destination. A deduplicated step (CKPT_F_DEDUP) is
+ * copied only where every step it refers to is committed with the same
+ * files (else CKPT_E_NOTFOUND, naming the step to copy first). `fn` may
+ * be NULL.
  */
 CKPT_API int ckpt_reader_copy(ckpt_reader *r, const char *dst_root,
 			      ckpt_progress_fn fn, void *arg);
@@ -1007,8 +1075,12 @@ CKPT_API int ckpt_should_stop(const ckpt *c);
  * left CKPT_SAVE_DEFAULT): from what this host measured (each codec's
  * encode speed and ratio, the local disk's and Cloud Storage's write
  * throughput, from the saves it made and a small probe at
- * ckpt_watch_start), the engine keeps the handle's codec when the save
- * fits the deadline with a margin, else takes the fastest codec. A
+ * ckpt_watch_start: 32 MiB written to the disk, and for a directory with a
+ * remote CKPT_PROBE_REMOTE_MIB (default 64, 0 = none) uploaded in a
+ * background thread and removed), the engine keeps the handle's codec when the save
+ * fits the deadline with a margin, else takes the fastest codec; a
+ * directory with a remote sends the save straight to the remote when
+ * that is predicted faster (enum ckpt_plan_dest). A
  * periodic save still in flight is finished when both it and the
  * notice's save fit, else cancelled (its partial step removed; it is never
  * visible); ckpt_save_ex waits for either. The plan and its outcome are in
@@ -1017,7 +1089,13 @@ CKPT_API int ckpt_should_stop(const ckpt *c);
 enum ckpt_plan_dest {
 	CKPT_PLAN_LOCAL = 0,  /* the directory (the upload to a remote goes
 	                         on after it, resumed by the next open) */
-	CKPT_PLAN_REMOTE = 1  /* Cloud Storage (a gs:// location) */
+	CKPT_PLAN_REMOTE = 1  /* Cloud Storage: a gs:// location, or a
+	                         directory's remote when the save is
+	                         predicted faster there than on the disk
+	                         (one host, the remote's throughput
+	                         measured): committed in the bucket only,
+	                         nothing in the directory (`ckptctl run
+	                         --remote` resumes from the newer of both) */
 };
 enum ckpt_plan_inflight {
 	CKPT_INFLIGHT_NONE = 0,   /* no periodic save was in flight */
@@ -1069,7 +1147,9 @@ CKPT_API int ckpt_plan_get(const ckpt *c, ckpt_plan *out);
  * directory has a remote (ckpt_settings.remote) the file is uploaded to
  * REMOTE/events/hHHHHH.jsonl (replacing it, at most once a second per
  * process; a handle uploads what is left when it closes). For a gs://
- * location alone the object is read, extended and replaced.
+ * location alone the object is read, extended and written back under the
+ * generation read (retried when another writer got there first), so
+ * several writers of one host's journal keep every line.
  *
  * `json` is one JSON object (no newline); "time" (RFC 3339 UTC with
  * milliseconds) and "host" are added first when absent. -EINVAL if it is

@@ -1,7 +1,7 @@
 /*
  * test_alloc.c - allocation failure injected into ckpt_open, ckpt_save +
- * ckpt_wait, ckpt_commit and the reader (open, read, read_slice,
- * read_batch, read_alloc, verify).
+ * ckpt_wait (also borrowed: CKPT_SAVE_BORROW), ckpt_commit and the
+ * reader (open, read, read_slice, read_batch, read_alloc, verify).
  *
  * The executable defines malloc, calloc, realloc, free, posix_memalign,
  * aligned_alloc, memalign, strdup, strndup and mmap. A definition in the
@@ -403,16 +403,22 @@ static void make_set(tu_set *set)
 	tu_set_add(set, "d.scalar", CKPT_I64, 0, NULL, 4);
 }
 
+/* Saves lend the set (CKPT_SAVE_BORROW) instead of copying it. */
+static int borrow_saves;
+
 /* ckpt_save of the whole set (tu_save_async would allocate while armed). */
 static int save_set(ckpt *c, uint64_t step, const tu_set *set)
 {
+	ckpt_save_opts o;
 	ckpt_tensor v[8];
 
 	/* no ck_assert here: Check allocates in every assertion */
 	if (set->n > 8)
 		abort();
 	tu_set_view(set, v);
-	return ckpt_save(c, step, v, set->n);
+	ckpt_save_opts_default(&o);
+	o.flags = borrow_saves ? CKPT_SAVE_BORROW : 0;
+	return ckpt_save_ex(c, step, v, set->n, &o);
 }
 
 static ckpt *open_ok(const char *root, const ckpt_settings *s)
@@ -634,6 +640,8 @@ static void save_loop(int scope, int mode)
 		/* n == 0: warm-up, nothing fails */
 		arm(scope, mode, n ? n : MAX_POINTS * 10);
 		rc = save_set(c, step + 1, &set);
+		if (rc == 0 && borrow_saves)
+			rc = ckpt_wait_released(c, -1);
 		if (rc == 0)
 			rc = ckpt_wait(c);
 		disarm();
@@ -685,6 +693,16 @@ END_TEST
 START_TEST(test_save_from)
 {
 	save_loop(SC_ALL, MD_FROM);
+}
+END_TEST
+
+/* Borrowed saves: the same outcomes, and the memory is released (the
+ * wait returns) whatever failed. */
+START_TEST(test_save_borrow)
+{
+	borrow_saves = 1;
+	save_loop(SC_ALL, MD_NTH);
+	borrow_saves = 0;
 }
 END_TEST
 
@@ -993,6 +1011,7 @@ int main(void)
 	tcase_add_test(save, test_save_background);
 	tcase_add_test(save, test_save_caller);
 	tcase_add_test(save, test_save_from);
+	tcase_add_test(save, test_save_borrow);
 	tcase_add_test(commit, test_commit_nth);
 	tcase_add_test(commit, test_commit_from);
 	tcase_add_test(read, test_read_nth);

@@ -607,6 +607,11 @@ START_TEST(test_reader_misuse)
 	ckpt_settings_default(&rs);
 	rs.flags = 1u << 31;
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, &rs), -EINVAL);
+	/* the settings of ckpt_open, save-side flags and all, open a reader */
+	rs.flags = CKPT_F_NO_DIRECT | CKPT_F_MANUAL_COMMIT | CKPT_F_NO_URING |
+		   CKPT_F_WATCH | CKPT_F_DEDUP;
+	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, &rs), 0);
+	ckpt_reader_close(r);
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 3, NULL), 0);
 	float buf[64];
 	ck_assert_int_eq(ckpt_read(r, "nope", buf, 128), CKPT_E_NOTFOUND);

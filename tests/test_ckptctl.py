@@ -28,6 +28,8 @@ import sys
 import tempfile
 import unittest
 
+import testutil
+
 try:
     import numpy as np
 except ImportError:
@@ -1024,29 +1026,18 @@ class TestCloudStorage(CkptctlTest):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="fake_gcs.", dir=TMP)
-        port_file = os.path.join(cls.dir, "port")
-        cls.srv = subprocess.Popen(
-            [sys.executable, FAKE_GCS, "--port-file", port_file,
-             "--bucket", cls.BUCKET], stdout=subprocess.DEVNULL)
-        for _ in range(3000):
-            if os.path.exists(port_file):
-                with open(port_file) as f:
-                    port = f.read().strip()
-                if port:
-                    break
-            if cls.srv.poll() is not None:
-                raise unittest.SkipTest("fake_gcs.py did not start (%s "
-                                        "lacks something)" % sys.executable)
-            import time
-            time.sleep(0.01)
-        cls.url = "http://127.0.0.1:%s" % port
+        cls.srv = testutil.Server(FAKE_GCS, "--bucket", cls.BUCKET)
+        try:
+            cls.srv.start()
+        except RuntimeError as e:
+            raise unittest.SkipTest("%s (%s lacks something)"
+                                    % (e, sys.executable))
+        cls.url = cls.srv.url
         cls.env = {"STORAGE_EMULATOR_HOST": cls.url}
 
     @classmethod
     def tearDownClass(cls):
-        cls.srv.terminate()
-        cls.srv.wait()
+        cls.srv.stop()
 
     def gs(self, prefix):
         return "gs://%s/%s" % (self.BUCKET, prefix)
@@ -1127,6 +1118,50 @@ class TestCloudStorage(CkptctlTest):
         self.assertFails(p, "restore", "h00000-f000.shard")
         self.assertEqual(run("ls", down).returncode, 0)
         self.assertIn("no committed steps", run("ls", down).out)
+
+    def test_run_resumes_from_newer_of_dir_and_remote(self):
+        """ckptctl run --remote: CKPT_RESUME_STEP is the newer of the
+        directory's and the bucket's latest step (a notice's save the
+        planner sent straight to the bucket is there only), and
+        CKPT_RESUME_LOCATION says where it is."""
+        gs = self.gs("run-remote")
+        small = os.path.join(TMP, "run_small.safetensors")
+        write_small(small, 2)
+        local = fresh_dir("run-remote-local")
+        other = fresh_dir("run-remote-other")
+        out = os.path.join(TMP, "run-remote.env")
+        show = ("echo \"$CKPT_RESUME_STEP ${CKPT_RESUME_LOCATION-unset} "
+                "$CKPT_REMOTE\" > %s" % out)
+
+        def resumed():
+            p = self.ctl("run", "-n", "0", "-l", local, "-r", gs, "--",
+                         "sh", "-c", show)
+            self.assertEqual(p.returncode, 0, p.err)
+            with open(out) as f:
+                return f.read().split()
+
+        # nothing anywhere
+        self.assertEqual(resumed(), ["unset", gs])
+        for step in (3, 5):
+            self.assertEqual(run("import", small, "%s@%d" % (local, step))
+                             .returncode, 0)
+        self.assertEqual(resumed(), ["5", local, gs])
+        # the bucket newer: step 8 only there
+        self.assertEqual(run("import", small, "%s@8" % other).returncode, 0)
+        p = self.ctl("push", "%s@8" % other, gs)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(resumed(), ["8", gs, gs])
+        p = self.ctl("run", "-n", "0", "-l", local, "-r", gs, "--",
+                     "true")
+        self.assertIn("resuming after step 8 in %s" % gs, p.err)
+        # the directory newer again
+        self.assertEqual(run("import", small, "%s@9" % local).returncode, 0)
+        self.assertEqual(resumed(), ["9", local, gs])
+        # --remote needs a directory location and a gs:// remote
+        self.assertUsage(self.ctl("run", "-r", gs, "--", "true"))
+        self.assertUsage(self.ctl("run", "-l", local, "-r", other, "--",
+                                  "true"))
+        self.assertUsage(self.ctl("run", "-l", gs, "-r", gs, "--", "true"))
 
     def test_gc_on_bucket(self):
         gs = self.gs("run4")

@@ -13,7 +13,11 @@
  *    before or just after its Nth file-system operation (open, write,
  *    fsync, rename, unlink, mkdir, ...), for every N of one save, with
  *    io_uring and with plain pwrite (where the crash can also tear the
- *    write in half). Every point of the commit sequence is hit.
+ *    write in half). Every point of the commit sequence is hit. A third
+ *    case saves with CKPT_F_DEDUP and "w" the same at every step, so each
+ *    step refers to an older one and retention's removals (which must
+ *    keep referenced steps and drop referring COMMITs first) are crashed
+ *    at every point too.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -65,6 +69,9 @@ static void init_base(struct base *b, int n)
 	}
 }
 
+/* dedup case: b[0] is not rotated (frozen, the same bytes every step) */
+static int frozen_first;
+
 static void step_set(tu_set *set, const struct base *b, int n, uint64_t step)
 {
 	tu_set_init(set);
@@ -74,6 +81,9 @@ static void step_set(tu_set *set, const struct base *b, int n, uint64_t step)
 						 shape);
 		size_t es = ckpt_dtype_size(b[i].dtype);
 		uint64_t rot = (step * 4099 % b[i].n) * es;
+
+		if (frozen_first && i == 0)
+			rot = 0;
 		memcpy(t->data, b[i].data + rot, b[i].nbytes - rot);
 		memcpy((uint8_t *)t->data + (b[i].nbytes - rot), b[i].data, rot);
 	}
@@ -505,9 +515,10 @@ static int run_child(const char *root, long at, uint32_t flags,
 
 START_TEST(test_crash_points)
 {
-	static const uint32_t flags[2] = {0, CKPT_F_NO_URING};
+	static const uint32_t flags[3] = {0, CKPT_F_NO_URING, CKPT_F_DEDUP};
 	uint32_t fl = flags[_i];
-	if (!fl && !tu_uring_works())
+	frozen_first = (fl & CKPT_F_DEDUP) != 0;
+	if (!(fl & CKPT_F_NO_URING) && !tu_uring_works())
 		TU_SKIP("no io_uring on this machine");
 	init_base(small_base, 3);
 	const char *root = tu_tmpdir();
@@ -518,25 +529,38 @@ START_TEST(test_crash_points)
 		struct save_report rep;
 		int st = run_child(root, 0, fl, &rep);
 		ck_assert_msg(st == 0, "clean save: exit %d", st);
-		ck_assert_msg(fl ? rep.uring_writes == 0 && rep.pwrite_writes > 0
+		int pw = (fl & CKPT_F_NO_URING) != 0;
+		ck_assert_msg(pw ? rep.uring_writes == 0 && rep.pwrite_writes > 0
 				 : rep.uring_writes > 0 && rep.pwrite_writes == 0,
 			      "%s case: %llu io_uring writes, %llu pwrites",
-			      fl ? "pwrite" : "io_uring",
+			      pw ? "pwrite" : "io_uring",
 			      (unsigned long long)rep.uring_writes,
 			      (unsigned long long)rep.pwrite_writes);
 		total = rep.points;
 	}
 	uint64_t prev = check_after_crash(root, small_base, 3, "clean");
 	ck_assert_uint_eq(prev, 3);
-	fprintf(stderr, "%s: one save passes %ld crash points\n",
-		fl ? "pwrite" : "io_uring", total);
+	const char *lab = fl & CKPT_F_DEDUP ? "dedup" :
+			  fl ? "pwrite" : "io_uring";
+	if (fl & CKPT_F_DEDUP) { /* the steps do refer to older ones */
+		ckpt *lc = lister(root);
+		ckpt_step_info *li;
+		size_t nl;
+		ck_assert_int_eq(ckpt_list(lc, &li, &nl), 0);
+		ck_assert_uint_gt(nl, 0);
+		ck_assert_uint_gt(li[0].referenced_by, li[0].step);
+		ckpt_free(li);
+		ckpt_close(lc);
+	}
+	fprintf(stderr, "%s: one save passes %ld crash points\n", lab,
+		total);
 	ck_assert_int_gt(total, 10);
 	long crashed = 0;
 	for (long at = 1; at <= total + 2; at++) {
 		int st = run_child(root, at, fl, NULL);
 		char ctx[96];
 		snprintf(ctx, sizeof(ctx), "%s crash at point %ld/%ld",
-			 fl ? "pwrite" : "io_uring", at, total);
+			 lab, at, total);
 		ck_assert_msg(st == 99 || st == 0, "%s: child exit %d", ctx, st);
 		crashed += st == 99;
 		uint64_t latest = check_after_crash(root, small_base, 3, ctx);
@@ -560,7 +584,7 @@ int main(void)
 	Suite *s = suite_create("crash");
 	TCase *tc = tu_tcase("crash", 400);
 	tcase_add_test(tc, test_sigkill);
-	tcase_add_loop_test(tc, test_crash_points, 0, 2);
+	tcase_add_loop_test(tc, test_crash_points, 0, 3);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }

@@ -2,7 +2,8 @@
  * test_faults.c - I/O failures injected through the engine's I/O table
  * (eng_io_set): ENOSPC on the Nth write, EIO on the Nth fsync/fdatasync,
  * EIO on the Nth rename, short writes and reads, read errors; with
- * io_uring and with CKPT_F_NO_URING, with O_DIRECT and CKPT_F_NO_DIRECT.
+ * io_uring and with CKPT_F_NO_URING, with O_DIRECT and CKPT_F_NO_DIRECT;
+ * the ENOSPC series also with borrowed saves (CKPT_SAVE_BORROW).
  *
  * Each injected fault has exactly one allowed outcome, decided by the
  * stage of the save the failing call belongs to. The hooks record the path
@@ -347,10 +348,41 @@ static ckpt *open_cfg(const char *dir, int cfg, int manual)
 	return c;
 }
 
+/* Saves lend the tensors (CKPT_SAVE_BORROW) instead of having them
+ * copied: test_borrow_faults. */
+static atomic_int borrow_saves;
+
+/* A borrowed save: the memory is released (also when the save fails),
+ * then overwritten before the save is collected, so a save that read it
+ * after the release stores garbage and check_step finds it. */
+static int save_borrowed(ckpt *c, uint64_t step, tu_set *set)
+{
+	ckpt_tensor *v = calloc(set->n, sizeof(*v));
+	ckpt_save_opts o;
+	ckpt_progress p;
+	ck_assert(v);
+	tu_set_view(set, v);
+	ckpt_save_opts_default(&o);
+	o.flags = CKPT_SAVE_BORROW;
+	int rc = ckpt_save_ex(c, step, v, set->n, &o);
+	ck_assert_int_eq(ckpt_wait_released(c, rc ? 0 : -1), 0);
+	ckpt_poll(c, &p);
+	ck_assert_int_ne(p.state, CKPT_STATE_STAGING);
+	for (size_t i = 0; i < set->n; i++)
+		memset(set->t[i].data, 0xa5, set->t[i].nbytes);
+	free(v);
+	return rc ? rc : ckpt_wait(c);
+}
+
 static int save_step(ckpt *c, uint64_t step)
 {
 	tu_set set;
 	step_set(&set, step);
+	if (atomic_load(&borrow_saves)) {
+		int rc = save_borrowed(c, step, &set);
+		tu_set_free(&set);
+		return rc;
+	}
 	int rc = tu_save_async(c, step, &set);
 	tu_set_free(&set);
 	if (rc)
@@ -634,6 +666,19 @@ START_TEST(test_enospc_nth_write)
 	CFG_SKIP(_i);
 	struct counts k = measure(_i);
 	run_fault_series(_i, M_WRITE_ERR, k.writes, -ENOSPC, "ENOSPC write");
+}
+END_TEST
+
+/* The ENOSPC series with borrowed saves: each failed save releases the
+ * memory and leaves nothing, each good one stored what was lent. */
+START_TEST(test_borrow_faults)
+{
+	CFG_SKIP(_i);
+	atomic_store(&borrow_saves, 1);
+	struct counts k = measure(_i);
+	run_fault_series(_i, M_WRITE_ERR, k.writes, -ENOSPC,
+			 "ENOSPC write, borrowed");
+	atomic_store(&borrow_saves, 0);
 }
 END_TEST
 
@@ -1104,6 +1149,7 @@ int main(void)
 	Suite *s = suite_create("faults");
 	TCase *tc = tu_tcase("faults", 240);
 	tcase_add_loop_test(tc, test_enospc_nth_write, 0, 4);
+	tcase_add_loop_test(tc, test_borrow_faults, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_write, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_fsync, 0, 4);
 	tcase_add_loop_test(tc, test_eio_nth_rename, 0, 4);

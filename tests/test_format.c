@@ -289,7 +289,7 @@ START_TEST(test_shard_hdr)
 		}
 	}
 	/* a newer version is reported as such */
-	fmt_put_u32(buf + 8, 2);
+	fmt_put_u32(buf + 8, FMT_VERSION_MAX + 1);
 	fmt_put_hash(buf + 56, fmt_xxh3(buf, 56));
 	ck_assert_int_eq(fmt_shard_hdr_decode(buf, FMT_SHARD_HDR_SIZE, &g,
 					      errbuf, sizeof(errbuf)),
@@ -414,7 +414,7 @@ START_TEST(test_meta_frame)
 		ck_assert_int_eq(fmt_meta_unwrap(FMT_META_COMMIT, f, len, &bp,
 						 &blen, errbuf, sizeof(errbuf)),
 				 CKPT_E_CORRUPT);
-	fmt_put_u32(f + 8, 2);
+	fmt_put_u32(f + 8, FMT_VERSION_MAX + 1);
 	fmt_put_hash(f + 56, fmt_xxh3(f, 56));
 	ck_assert_int_eq(fmt_meta_unwrap(FMT_META_COMMIT, f, n, &bp, &blen,
 					 errbuf, sizeof(errbuf)),
@@ -536,6 +536,121 @@ START_TEST(test_codec_roundtrip)
 	free(raw);
 	free(out);
 	free(back);
+}
+END_TEST
+
+/* Random tilings of [0, n) for fmt_chunk_decode_parts: boundaries on
+ * multiples of w, every third part (about) wanted by nobody. */
+static size_t random_parts(fmt_part *p, size_t max, size_t n, unsigned w,
+			   uint8_t *back)
+{
+	size_t np = 0, pos = 0;
+
+	while (pos < n) {
+		size_t len = np + 1 == max ? n - pos : 1 + rnd() % (n / 3 + 1);
+
+		len = (len + w - 1) / w * w;
+		if (len > n - pos)
+			len = n - pos;
+		p[np].off = pos;
+		p[np].len = len;
+		p[np].dst = rnd() % 3 == 0 ? NULL : back + pos;
+		pos += len;
+		np++;
+	}
+	return np;
+}
+
+/* One encoded chunk of n bytes through fmt_chunk_decode_parts. */
+static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
+			int codec, int w, uint8_t *out, uint8_t *back,
+			uint8_t *ref)
+{
+	fmt_part p[16], bad[2];
+	size_t stored, np;
+	uint64_t h;
+	unsigned pw;
+	int used;
+
+	roundtrip(c, codec, w, 1, raw, n, out, ref, &used, &stored);
+	pw = used == CKPT_CODEC_FLOAT ? (unsigned)w : 1u;
+	for (int iter = 0; iter < 4; iter++) {
+		memset(back, 0xee, n);
+		np = random_parts(p, 16, n, pw, back);
+		ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored,
+							n, p, np, &h, errbuf,
+							sizeof(errbuf)),
+				 0);
+		ck_assert(h == fmt_xxh3(raw, n));
+		for (size_t i = 0; i < np; i++) {
+			size_t k = p[i].off, e = k + p[i].len;
+
+			if (p[i].dst) {
+				ck_assert(!memcmp(back + k, raw + k, e - k));
+				continue;
+			}
+			while (k < e && back[k] == 0xee)
+				k++;
+			ck_assert_uint_eq(k, e);
+		}
+	}
+	/* a short tiling, a hole, a boundary inside an element */
+	bad[0] = (fmt_part){ 0, n, back };
+	ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored, n + 1,
+						bad, 1, &h, errbuf,
+						sizeof(errbuf)),
+			 used == CKPT_CODEC_NONE ? CKPT_E_CORRUPT : -EINVAL);
+	if (n > 1) {
+		bad[0] = (fmt_part){ 0, 1, back };
+		bad[1] = (fmt_part){ 2, n - 2, back + 2 };
+		ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored,
+							n, bad, 2, &h, errbuf,
+							sizeof(errbuf)),
+				 -EINVAL);
+		bad[1] = (fmt_part){ 1, n - 1, back + 1 };
+		ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored,
+							n, bad, 2, &h, errbuf,
+							sizeof(errbuf)),
+				 pw > 1 ? -EINVAL : 0);
+	}
+	/* a damaged payload is an error, not a wrong hash only */
+	if (used != CKPT_CODEC_NONE && stored > 1) {
+		bad[0] = (fmt_part){ 0, n, back };
+		ck_assert_int_lt(fmt_chunk_decode_parts(
+					 c, used, w, out, stored - 1, n, bad, 1,
+					 &h, errbuf, sizeof(errbuf)),
+				 0);
+	}
+}
+
+/* fmt_chunk_decode_parts gives the bytes and the hash fmt_chunk_decode
+ * and fmt_xxh3 give, leaves bytes nobody wants alone, and refuses a
+ * tiling with holes, overlaps or a boundary inside an element. */
+START_TEST(test_codec_parts)
+{
+	static const size_t sizes[] = { 1, 7, 64, 4097, 65537, 200001 };
+	static const int widths[] = { 2, 4, 8 };
+	size_t maxn = 200001;
+	uint8_t *raw = malloc(maxn), *out = malloc(fmt_codec_bound(maxn));
+	uint8_t *back = malloc(maxn), *ref = malloc(maxn);
+	fmt_codec_ctx *c = fmt_codec_ctx_new();
+
+	ck_assert(c && raw && out && back && ref);
+	for (int kind = 0; kind < D_KINDS; kind++) {
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]);
+		     si++) {
+			fill_kind(raw, sizes[si], kind);
+			for (int codec = 0; codec < CKPT_CODEC_COUNT; codec++)
+				for (size_t wi = 0; wi < 3; wi++)
+					check_parts(c, raw, sizes[si], codec,
+						    widths[wi], out, back, ref);
+		}
+	}
+	fmt_codec_ctx_free(c);
+	free(raw);
+	free(out);
+	free(back);
+	free(ref);
 }
 END_TEST
 
@@ -1722,7 +1837,7 @@ START_TEST(test_index_future_version)
 	size_t n;
 	fmt_index g;
 
-	SETI(r, "format", 2);
+	SETI(r, "format", FMT_VERSION_MAX + 1);
 	SETI(r, "new_in_v2", 1); /* still a version error, not corruption */
 	text = json_dumps(r, JSON_COMPACT);
 	ck_assert_int_eq(fmt_meta_wrap(FMT_META_INDEX, text, strlen(text), &f,
@@ -2367,6 +2482,7 @@ static Suite *format_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_codec_roundtrip);
 	tcase_add_test(tc, test_codec_garbage);
+	tcase_add_test(tc, test_codec_parts);
 	tcase_add_test(tc, test_float_layout);
 	tcase_add_test(tc, test_bf16_ratio);
 	tcase_add_test(tc, test_huf_roundtrip);

@@ -29,7 +29,7 @@
 
 #define BUCKET "ckpt-back"
 
-static struct gt_server srv;
+static tu_server srv;
 static char datadir[256];
 
 static eng_loc *open_loc(const char *prefix)
@@ -345,7 +345,7 @@ int main(void)
 	gt_server_start_args(&srv, BUCKET, extra);
 	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
 	rc = tu_main(backend_suite());
-	gt_server_stop(&srv);
+	tu_server_stop(&srv);
 	tu_rm_rf(datadir);
 	return rc;
 }

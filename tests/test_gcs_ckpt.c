@@ -17,7 +17,7 @@
 #include "gcs.h"
 #include "testutil.h"
 
-struct gt_server gk_srv;
+tu_server gk_srv;
 
 int gk_main(const char *bucket, const char *name, int timeout_s,
 	    const TTest *const *tests, size_t n)
@@ -34,7 +34,7 @@ int gk_main(const char *bucket, const char *name, int timeout_s,
 	gt_server_start(&gk_srv, bucket);
 	setenv("STORAGE_EMULATOR_HOST", gk_srv.url, 1);
 	rc = tu_main(s);
-	gt_server_stop(&gk_srv);
+	tu_server_stop(&gk_srv);
 	return rc;
 }
 

@@ -17,7 +17,7 @@
 struct gcs_client;
 
 /* The fake server every test of the program uses (gk_main starts it). */
-extern struct gt_server gk_srv;
+extern tu_server gk_srv;
 /* Starts gk_srv with `bucket`, points STORAGE_EMULATOR_HOST at it (the
  * engine finds it there), runs one test case `name` of `tests` with a
  * timeout, stops the server; returns the exit code. */

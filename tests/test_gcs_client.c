@@ -19,14 +19,16 @@
 #include "gcs.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define BUCKET "ckpt-test"
 
-static struct gt_server srv;
+static tu_server srv;
 
 static struct gcs_config fast_cfg(void)
 {
@@ -184,6 +186,62 @@ START_TEST(create_only_and_replace)
 	gcs_object_clear(&o1);
 	gcs_object_clear(&o2);
 	gcs_client_free(c);
+}
+END_TEST
+
+/* A create whose reply is lost after the server stored it (fake_gcs's
+ * lost-reply rule: store, then reset) is ours when sent again: by the
+ * client on a fresh connection, or by curl itself when the connection
+ * was a reused one (no retry of ours counted then). */
+static void lose_reply(const char *name)
+{
+	char url[128], body[256];
+
+	snprintf(url, sizeof(url), "%s/_fake/lost_reply", srv.url);
+	snprintf(body, sizeof(body),
+		 "{\"bucket\":\"%s\",\"name\":\"%s\",\"times\":1}", BUCKET,
+		 name);
+	ck_assert_int_eq(gt_http("POST", url, body, NULL), 200);
+}
+
+START_TEST(create_lost_reply)
+{
+	static const char *const names[] = { "lr/fresh", "lr/reused" };
+	char url[128], *resp = NULL;
+	json_t *j;
+
+	for (int reuse = 0; reuse < 2; reuse++) {
+		struct gcs_client *c = client();
+		struct gcs_object o;
+
+		if (reuse) /* leaves a connection in curl's cache */
+			ck_assert_int_eq(gcs_stat(c, BUCKET, names[reuse], &o),
+					 -ENOENT);
+		lose_reply(names[reuse]);
+		ck_assert_msg(gcs_put(c, BUCKET, names[reuse], "ours", 4,
+				      GCS_CREATE_ONLY, NULL) == 0,
+			      "%s: %s", names[reuse], gcs_errmsg(c));
+		/* somebody else's bytes: the 412 stands */
+		ck_assert_int_eq(gcs_put(c, BUCKET, names[reuse], "them", 4,
+					 GCS_CREATE_ONLY, NULL),
+				 GCS_E_PRECONDITION);
+		check_object(c, names[reuse], (const unsigned char *)"ours", 4);
+		gcs_client_free(c);
+	}
+	/* both rules fired: the object was stored, the reply dropped */
+	snprintf(url, sizeof(url), "%s/_fake/lost_reply", srv.url);
+	ck_assert_int_eq(gt_http("GET", url, NULL, &resp), 200);
+	j = json_loads(resp, 0, NULL);
+	ck_assert_ptr_nonnull(j);
+	for (size_t i = 0; i < 2; i++) {
+		json_t *rule = json_array_get(json_object_get(j, "rules"), i);
+
+		ck_assert_int_eq(json_integer_value(
+					 json_object_get(rule, "fired")),
+				 1);
+	}
+	json_decref(j);
+	free(resp);
 }
 END_TEST
 
@@ -705,7 +763,7 @@ START_TEST(soak_random_faults)
 	static const char *const args[] = { "--fault-rate", "0.25",
 					    "--fault-seed", "11", NULL };
 	struct gcs_config cfg = fast_cfg();
-	struct gt_server faulty;
+	tu_server faulty;
 	struct soak_obj ob[N];
 	struct gcs_client *c;
 	struct gcs_stats st;
@@ -763,7 +821,7 @@ START_TEST(soak_random_faults)
 	       (unsigned long long)st.requests, (unsigned long long)st.retries);
 	ck_assert_uint_gt(st.retries, 0);
 	gcs_client_free(c);
-	gt_server_stop(&faulty);
+	tu_server_stop(&faulty);
 }
 END_TEST
 
@@ -836,6 +894,7 @@ static Suite *gcs_suite(void)
 	tcase_add_test(tc, crc_vectors);
 	tcase_add_test(tc, put_get_stat_delete);
 	tcase_add_test(tc, create_only_and_replace);
+	tcase_add_test(tc, create_lost_reply);
 	tcase_add_test(tc, resumable_stream);
 	tcase_add_test(tc, resumable_faults);
 	tcase_add_test(tc, resumable_restart);
@@ -857,6 +916,6 @@ int main(void)
 
 	gt_server_start(&srv, BUCKET);
 	rc = tu_main(gcs_suite());
-	gt_server_stop(&srv);
+	tu_server_stop(&srv);
 	return rc;
 }

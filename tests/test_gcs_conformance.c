@@ -31,7 +31,7 @@
 
 #define BUCKET "ckpt-conformance"
 
-static struct gt_server srv;
+static tu_server srv;
 static const char *base; /* server URL */
 static json_t *suite_json;
 
@@ -346,7 +346,7 @@ int main(void)
 	suite_add_tcase(s, tc);
 	rc = tu_main(s);
 	if (srv.pid)
-		gt_server_stop(&srv);
+		tu_server_stop(&srv);
 	json_decref(suite_json);
 	return rc;
 }

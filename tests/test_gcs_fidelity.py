@@ -31,17 +31,16 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "servers", "fake_gcs.py")
+import testutil  # noqa: E402
 NODE_PKG = "@google-cloud/storage"
 NODE_VERSION = "7.22.0"  # the 7.x line supports node >= 14 (Debian 12: 18)
 BUCKET = "ckpt-test"
@@ -53,43 +52,18 @@ def skip(msg):
     sys.exit(77)
 
 
-class FakeGcs:
+class FakeGcs(testutil.Server):
     """fake_gcs.py in a subprocess, for one `with` block."""
 
     def __init__(self, *extra):
-        self.extra = list(extra)
+        testutil.Server.__init__(self, SERVER, "--data-dir",
+                                 "", "--bucket", BUCKET, *extra)
+        self.args[1] = os.path.join(self.dir, "data")
 
-    def __enter__(self):
-        self.tmp = tempfile.mkdtemp(prefix="gcs-fidelity-")
-        port_file = os.path.join(self.tmp, "port")
-        self.proc = subprocess.Popen(
-            [sys.executable, SERVER, "--port-file", port_file,
-             "--data-dir", os.path.join(self.tmp, "data"),
-             "--bucket", BUCKET] + self.extra,
-            stdout=subprocess.DEVNULL)
-        # a start-up guard, not a timing assertion: give up after 60 s
-        for _ in range(600):
-            if os.path.exists(port_file):
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError("fake_gcs exited with %d" %
-                                   self.proc.returncode)
-            time.sleep(0.1)
-        with open(port_file) as f:
-            self.port = int(f.read())
-        self.base = "http://127.0.0.1:%d" % self.port
+    def start(self):
+        testutil.Server.start(self)
+        self.base = self.url
         return self
-
-    def __exit__(self, *exc):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = "hung"
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        if exc[0] is None and rc != 0:
-            raise AssertionError("fake_gcs did not stop cleanly: %s" % rc)
 
 
 def crc32c_ref(data):

@@ -29,7 +29,7 @@
 
 #define BUCKET "ckpt-read"
 
-static struct gt_server srv;
+static tu_server srv;
 
 static void make_set(tu_set *set)
 {
@@ -329,7 +329,7 @@ START_TEST(random_faults)
 {
 	const char *const extra[] = { "--fault-rate", "0.15", "--fault-seed",
 				      "11", NULL };
-	struct gt_server fsrv;
+	tu_server fsrv;
 	char why[1024] = "", *local, *down, *d1, *d2;
 	tu_set set;
 
@@ -348,7 +348,7 @@ START_TEST(random_faults)
 	d1 = tu_step_dir(local, 5);
 	d2 = tu_step_dir(down, 5);
 	same_files(d1, d2);
-	gt_server_stop(&fsrv);
+	tu_server_stop(&fsrv);
 	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
 	free(d1);
 	free(d2);
@@ -378,6 +378,6 @@ int main(void)
 	gt_server_start(&srv, BUCKET);
 	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
 	rc = tu_main(reader_suite());
-	gt_server_stop(&srv);
+	tu_server_stop(&srv);
 	return rc;
 }

@@ -18,7 +18,9 @@
  * to gs:// (ckptctl push) uploads the files at once, bounded by the
  * streams setting; gs:// alone with the float and the zstd codec
  * (compressed chunks staged in output buffers) completes, under a
- * watchdog, and reads back byte-identical. Sizes: CKPT_GCS_SOAK_MIB
+ * watchdog, and reads back byte-identical; borrowed saves (both, and
+ * gs:// alone with the float codec) whose memory is overwritten right
+ * after its release land byte-identical. Sizes: CKPT_GCS_SOAK_MIB
  * (default 256) for the soak.
  */
 #include "test_gcs_ckpt.h"
@@ -233,7 +235,7 @@ START_TEST(both_soak)
 	size_t mib = e && atoi(e) > 0 ? (size_t)atoi(e) : 256;
 	const char *extra[] = { "--fault-rate", "0.1", "--fault-seed", "11",
 				NULL };
-	struct gt_server fs;
+	tu_server fs;
 	char *dir = tu_path("%s/soak", tu_tmpdir());
 	char url[192], saved[128];
 	struct gcs_client *gc;
@@ -266,7 +268,7 @@ START_TEST(both_soak)
 	n = gk_count(gc, BUCKET, "soak/");
 	ck_assert_int_eq(n, 7);
 	gcs_client_free(gc);
-	gt_server_stop(&fs);
+	tu_server_stop(&fs);
 	memcpy(gk_srv.url, saved, sizeof(saved));
 	setenv("STORAGE_EMULATOR_HOST", gk_srv.url, 1);
 	tu_set_free(&set);
@@ -578,13 +580,112 @@ START_TEST(alone_zstd)
 }
 END_TEST
 
+/* ---- borrow mode --------------------------------------------------- */
+
+/*
+ * A borrowed save (CKPT_SAVE_BORROW) of a copy of `set`: once the engine
+ * releases the copy it is overwritten and freed, before the save is
+ * collected, so an upload that sent the caller's memory after the release
+ * would send garbage (the sinks are to see pool buffers only). Returns
+ * ckpt_wait's result.
+ */
+static int save_lent(ckpt *c, uint64_t step, const tu_set *set)
+{
+	ckpt_tensor *v = calloc(set->n, sizeof(*v));
+	uint8_t **copy = calloc(set->n, sizeof(*copy));
+	ckpt_save_opts o;
+	size_t i;
+	int rc;
+
+	ck_assert(v && copy);
+	tu_set_view(set, v);
+	for (i = 0; i < set->n; i++) {
+		copy[i] = malloc(set->t[i].nbytes + 3);
+		ck_assert(copy[i]);
+		memcpy(copy[i] + 3, set->t[i].data, set->t[i].nbytes);
+		v[i].data = copy[i] + 3; /* unaligned */
+	}
+	ckpt_save_opts_default(&o);
+	o.flags = CKPT_SAVE_BORROW;
+	rc = ckpt_save_ex(c, step, v, set->n, &o);
+	ck_assert_msg(rc == 0, "%s", ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_wait_released(c, -1), 0);
+	for (i = 0; i < set->n; i++) {
+		memset(copy[i], 0x5a, set->t[i].nbytes + 3);
+		free(copy[i]);
+	}
+	free(copy);
+	free(v);
+	return ckpt_wait(c);
+}
+
+/* A directory with a remote: the upload sends what was lent. */
+START_TEST(both_borrow)
+{
+	char *dir = tu_path("%s/both", tu_tmpdir());
+	ckpt *c = open_both(dir, "gs://" BUCKET "/borrow", 8u << 20, 1u << 20);
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	char why[512];
+	tu_set set;
+
+	make_set(&set, 24, 77);
+	ck_assert_int_eq(save_lent(c, 1, &set), 0);
+	ck_assert_msg(ckpt_upload_wait(c, -1) == 0, "%s", ckpt_errmsg(c));
+	ck_assert_msg(gk_same_as_local(gc, BUCKET, "borrow", dir, 1, 0, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	ck_assert_msg(gk_step_complete(gc, BUCKET, "borrow", 1, 1, why,
+				       sizeof(why)) == 0,
+		      "%s", why);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	read_back(dir, 1, &set);
+	read_back("gs://" BUCKET "/borrow", 1, &set);
+	gcs_client_free(gc);
+	tu_set_free(&set);
+	free(dir);
+}
+END_TEST
+
+/* gs:// alone with the float codec: compressed chunks held in output
+ * buffers until their piece fills, from a borrowed save. */
+START_TEST(alone_borrow)
+{
+	const char *remote = "gs://" BUCKET "/alone-borrow";
+	ckpt_settings s;
+	ckpt *c = NULL;
+	size_t i;
+	tu_set set;
+
+	ckpt_settings_default(&s);
+	s.staging_bytes = 32u << 20;
+	s.chunk_bytes = 1u << 20;
+	s.files_per_host = 4;
+	s.threads = 2;
+	s.codec = CKPT_CODEC_FLOAT;
+	ck_assert_msg(ckpt_open(&c, remote, &s) == 0, "%s", ckpt_errmsg(NULL));
+	tu_set_init(&set);
+	for (i = 0; i < 8; i++) {
+		char name[32];
+		uint64_t shape[2] = { 256 + i, 5 * 1024 };
+
+		snprintf(name, sizeof(name), "block%zu.w", i);
+		tu_set_add(&set, name, CKPT_BF16, 2, shape, 190 + i);
+	}
+	ck_assert_msg(save_lent(c, 1, &set) == 0, "%s", ckpt_errmsg(c));
+	ck_assert_int_eq(ckpt_close(c), 0);
+	read_back(remote, 1, &set);
+	tu_set_free(&set);
+}
+END_TEST
+
 int main(void)
 {
 	const TTest *const tests[] = { both_basic,     both_lagging,
 				       both_no_bucket, both_corrupt_local,
 				       both_soak,      alone,
 				       alone_float,    alone_zstd,
-				       copy_parallel };
+				       copy_parallel,  both_borrow,
+				       alone_borrow };
 
 	return gk_main(BUCKET, "gcs_save", 900, tests,
 		       sizeof(tests) / sizeof(tests[0]));

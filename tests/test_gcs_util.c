@@ -1,7 +1,7 @@
 /*
  * test_gcs_util.c - see test_gcs_util.h. The fake server is a child
- * process that writes its port to a file once it listens; the hostile
- * server is a thread with a blocking accept loop, one request per
+ * process started by tu_server_start (testutil.c); the hostile server is
+ * a thread with a blocking accept loop, one request per
  * connection (Connection: close), so tests can script every byte.
  */
 #include "test_gcs_util.h"
@@ -22,97 +22,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PYTHON "/usr/bin/python3"
-
-static void skip(const char *why)
-{
-	printf("SKIP: %s\n", why);
-	exit(77);
-}
-
-void gt_server_start(struct gt_server *s, const char *bucket)
+void gt_server_start(tu_server *s, const char *bucket)
 {
 	gt_server_start_args(s, bucket, NULL);
 }
 
-void gt_server_start_args(struct gt_server *s, const char *bucket,
+void gt_server_start_args(tu_server *s, const char *bucket,
 			  const char *const *extra)
 {
-	const char *src = getenv("CKPT_TEST_SRCDIR");
 	const char *srv = getenv("CKPT_FAKE_GCS");
-	char path[512], portfile[300];
-	int i;
+	const char *args[32] = { "--bucket", bucket };
+	int k = 2;
 
-	if (access(PYTHON, X_OK) != 0)
-		skip(PYTHON " is missing");
-	if (!srv || !*srv) {
-		snprintf(path, sizeof(path), "%s/servers/fake_gcs.py",
-			 src ? src : "tests");
-		srv = path;
-	}
-	if (access(srv, R_OK) != 0) {
-		char why[600];
-
-		snprintf(why, sizeof(why), "fake server %s is missing", srv);
-		skip(why);
-	}
-	snprintf(s->dir, sizeof(s->dir), "%s/gcs-test-XXXXXX",
-		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	if (!mkdtemp(s->dir))
-		skip("cannot make a temp dir");
-	snprintf(portfile, sizeof(portfile), "%s/port", s->dir);
-	s->pid = fork();
-	if (s->pid == 0) {
-		int null = open("/dev/null", 1);
-
-		if (null >= 0 && !getenv("GT_SERVER_VERBOSE"))
-			dup2(null, 1);
-		const char *argv[32] = { PYTHON,   srv,        "--port-file",
-					 portfile, "--bucket", bucket };
-		int k = 6;
-
-		while (extra && *extra && k < 31)
-			argv[k++] = *extra++;
-		argv[k] = NULL;
-		execv(PYTHON, (char *const *)argv);
-		_exit(127);
-	}
-	for (i = 0; i < 3000; i++) {
-		FILE *f = fopen(portfile, "r");
-		int port = 0;
-
-		if (f) {
-			if (fscanf(f, "%d", &port) == 1 && port > 0) {
-				fclose(f);
-				snprintf(s->url, sizeof(s->url),
-					 "http://127.0.0.1:%d", port);
-				return;
-			}
-			fclose(f);
-		}
-		if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
-			fprintf(stderr, "fake_gcs.py exited at start\n");
-			exit(1);
-		}
-		usleep(10000);
-	}
-	fprintf(stderr, "fake_gcs.py did not start in 30 s\n");
-	kill(s->pid, SIGKILL);
-	exit(1);
-}
-
-void gt_server_stop(struct gt_server *s)
-{
-	char cmd[400];
-
-	if (s->pid > 0) {
-		kill(s->pid, SIGTERM);
-		waitpid(s->pid, NULL, 0);
-		s->pid = 0;
-	}
-	snprintf(cmd, sizeof(cmd), "%s/port", s->dir);
-	unlink(cmd);
-	rmdir(s->dir);
+	while (extra && *extra && k < 31)
+		args[k++] = *extra++;
+	args[k] = NULL;
+	tu_server_start(s, srv && *srv ? srv : "fake_gcs.py", args);
 }
 
 unsigned char *gt_pattern(size_t n, uint64_t seed)

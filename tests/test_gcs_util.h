@@ -13,20 +13,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-struct gt_server {
-	pid_t pid;
-	char url[128]; /* http://127.0.0.1:PORT */
-	char dir[256];
-};
+#include "testutil.h"
 
 /* Starts fake_gcs.py with bucket `bucket` ($CKPT_FAKE_GCS, default
- * $CKPT_TEST_SRCDIR/servers/fake_gcs.py). Exits 77 (skip) when
- * /usr/bin/python3 or the server file is missing. */
-void gt_server_start(struct gt_server *s, const char *bucket);
+ * $CKPT_TEST_SRCDIR/servers/fake_gcs.py) through tu_server_start (which
+ * skips when /usr/bin/python3 or the server file is missing); stop it
+ * with tu_server_stop. */
+void gt_server_start(tu_server *s, const char *bucket);
 /* The same with more arguments (NULL-terminated), e.g. --fault-rate. */
-void gt_server_start_args(struct gt_server *s, const char *bucket,
+void gt_server_start_args(tu_server *s, const char *bucket,
 			  const char *const *extra);
-void gt_server_stop(struct gt_server *s);
 
 /* n deterministic pseudo-random bytes from seed (malloc'd; aborts on
  * ENOMEM). */

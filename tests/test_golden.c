@@ -6,6 +6,7 @@
  * The files were generated ONCE with
  *     build/tests/test_golden --generate /work/main/tests/golden/v1
  *     build/tests/test_golden --generate-huffman tests/golden/v1-huffman
+ *     build/tests/test_golden --generate-dedup tests/golden/v2-dedup
  * and committed. NEVER regenerate them: they freeze the format (a change
  * that breaks this test breaks every checkpoint users have on disk). The
  * tensor contents are a deterministic function of (step, name) and are
@@ -22,12 +23,17 @@
  *               weight-like exponents, so that exponent planes are
  *               Huffman-coded (plane mode 2); the test counts the plane
  *               modes in the shard files' bytes to prove it.
+ *   v2-dedup/   steps 1, 2, 3: format version 2 (SPEC.md section 16),
+ *               one host, float codec, chunk 64 KiB, 2 shard files; a
+ *               frozen 256 KiB tensor stored once in step 1 and referred
+ *               to by steps 2 and 3, a head that changes every step.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fmt.h"
 #include "testutil.h"
 
 static char why[1024];
@@ -171,6 +177,16 @@ static void huf_set(tu_set *set)
 	}
 }
 
+/* v2-dedup: "frozen" is the same at every step, "head" is the step's. */
+static void dedup_set(tu_set *set, uint64_t step)
+{
+	uint64_t fs[2] = { 256, 512 }, hs[1] = { 3000 };
+
+	tu_set_init(set);
+	tu_set_add(set, "frozen", CKPT_BF16, 2, fs, golden_seed(1, "frozen"));
+	tu_set_add(set, "head", CKPT_F32, 1, hs, golden_seed(step, "head"));
+}
+
 /* ---- generators ---- */
 
 /* Reports the outcome of a generator; the exit code. */
@@ -250,15 +266,17 @@ static int generate(const char *out)
 	return generated(rc, out);
 }
 
-static int generate_huffman(const char *out)
+/* Opens out for a generator with the small float-codec settings the
+ * Huffman and dedup sets share (and `flags`); 1 if out already holds a
+ * set: golden files are never regenerated. */
+static int golden_open(const char *out, uint32_t flags, ckpt **c)
 {
 	char *probe = tu_path("%s/latest", out);
-	int exists = tu_exists(probe), rc;
+	int exists = tu_exists(probe);
 	ckpt_settings s;
-	ckpt *c = NULL;
-	tu_set set;
 
 	free(probe);
+	*c = NULL;
 	if (exists) {
 		fprintf(stderr, "%s/latest exists: golden files are never "
 				"regenerated\n", out);
@@ -270,11 +288,44 @@ static int generate_huffman(const char *out)
 	s.files_per_host = 2;
 	s.codec = CKPT_CODEC_FLOAT;
 	s.threads = 1;
-	rc = ckpt_open(&c, out, &s);
+	s.flags = flags;
+	return ckpt_open(c, out, &s);
+}
+
+static int generate_huffman(const char *out)
+{
+	ckpt *c = NULL;
+	tu_set set;
+	int rc = golden_open(out, 0, &c);
+
+	if (rc == 1)
+		return 1;
 	if (!rc) {
 		huf_set(&set);
 		rc = tu_save(c, HUF_STEP, &set);
 		tu_set_free(&set);
+		int rc2 = ckpt_close(c);
+		if (!rc)
+			rc = rc2;
+	}
+	return generated(rc, out);
+}
+
+static int generate_dedup(const char *out)
+{
+	ckpt *c = NULL;
+	int rc = golden_open(out, CKPT_F_DEDUP, &c);
+
+	if (rc == 1)
+		return 1;
+	for (uint64_t step = 1; step <= 3 && !rc; step++) {
+		tu_set set;
+
+		dedup_set(&set, step);
+		rc = tu_save(c, step, &set);
+		tu_set_free(&set);
+	}
+	if (c) {
 		int rc2 = ckpt_close(c);
 		if (!rc)
 			rc = rc2;
@@ -607,15 +658,60 @@ START_TEST(test_golden_huffman)
 }
 END_TEST
 
+START_TEST(test_golden_dedup)
+{
+	char *root = golden_copy("v2-dedup", ".", "dedup");
+
+	check_latest(root, 3);
+	for (uint64_t step = 1; step <= 3; step++) {
+		char *sd = tu_step_dir(root, step);
+		char *ip = tu_path("%s/h00000.index", sd);
+		char err[512];
+		uint8_t *b;
+		size_t n, refs = 0;
+		fmt_index ix;
+		tu_set set;
+		ckpt_reader *r = NULL;
+
+		dedup_set(&set, step);
+		ck_assert_msg(tu_check_root(root, step, &set, why,
+					    sizeof(why)) == 0, "%s", why);
+		ck_assert_int_eq(ckpt_reader_open(&r, root, step, NULL), 0);
+		ck_assert_msg(ckpt_reader_verify(r, NULL, NULL) == 0, "%s",
+			      ckpt_reader_errmsg(r));
+		ckpt_reader_close(r);
+		ck_assert_int_eq(tu_read_file(ip, &b, &n), 0);
+		ck_assert_uint_eq(fmt_get_u32(b + 8), 2);
+		ck_assert_int_eq(fmt_index_decode(b, n, &ix, err, sizeof(err)),
+				 0);
+		for (size_t k = 0; k < ix.nchunks; k++)
+			refs += ix.chunks[k].file >= ix.nfiles;
+		/* frozen: 256 KiB in 4 chunks, stored by step 1 only */
+		ck_assert_uint_eq(refs, step == 1 ? 0 : 4);
+		for (size_t k = 0; k < ix.nrefs; k++)
+			ck_assert_uint_eq(ix.refs[k].step, 1);
+		fmt_index_free(&ix);
+		free(b);
+		free(ip);
+		free(sd);
+		tu_set_free(&set);
+	}
+	free(root);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--generate"))
 		return generate(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "--generate-huffman"))
 		return generate_huffman(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--generate-dedup"))
+		return generate_dedup(argv[2]);
 	if (argc != 1) {
 		fprintf(stderr, "usage: %s [--generate DIR | "
-				"--generate-huffman DIR]\n", argv[0]);
+				"--generate-huffman DIR | --generate-dedup DIR]\n",
+			argv[0]);
 		return 2;
 	}
 	Suite *s = suite_create("golden");
@@ -623,6 +719,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_golden_single);
 	tcase_add_test(tc, test_golden_multi);
 	tcase_add_test(tc, test_golden_huffman);
+	tcase_add_test(tc, test_golden_dedup);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }

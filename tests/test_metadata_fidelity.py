@@ -32,7 +32,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "servers", "fake_metadata.py")
+import testutil  # noqa: E402
 NODE_PKG = "gcp-metadata"
 NODE_VERSION = "8.1.4"  # the last line that runs on node 18 (Debian 12)
 ME = "instance/maintenance-event"
@@ -59,36 +59,11 @@ def skip(msg):
     sys.exit(77)
 
 
-class FakeMetadata:
+class FakeMetadata(testutil.Server):
     """fake_metadata.py in a subprocess, for one `with` block."""
 
     def __init__(self, *extra):
-        self.extra = list(extra)
-
-    def __enter__(self):
-        self.tmp = tempfile.mkdtemp(prefix="md-fidelity-")
-        port_file = os.path.join(self.tmp, "port")
-        self.proc = subprocess.Popen(
-            [sys.executable, SERVER, "--port-file", port_file] + self.extra,
-            stdout=subprocess.DEVNULL)
-        for _ in range(PATIENCE * 10):  # a start-up guard, not a timing
-            if os.path.exists(port_file):
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError("fake_metadata exited with %d" %
-                                   self.proc.returncode)
-            time.sleep(0.1)
-        with open(port_file) as f:
-            self.port = int(f.read())
-        self.host = "127.0.0.1:%d" % self.port
-        return self
-
-    def __exit__(self, *exc):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(PATIENCE)
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        if rc != 0 and exc[0] is None:
-            raise AssertionError("fake_metadata exited with %d" % rc)
+        testutil.Server.__init__(self, SERVER, *extra)
 
     # ---- helpers speaking to it
     def conn(self, timeout=PATIENCE):

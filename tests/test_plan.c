@@ -11,10 +11,12 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,14 +27,6 @@
 
 #define PATIENCE_S 30.0
 #define BUCKET "plan-bkt"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int64_t unix_ns(void)
 {
@@ -230,7 +224,7 @@ END_TEST
 
 START_TEST(test_journal_gcs)
 {
-	struct gt_server fs;
+	tu_server fs;
 	struct lines L = { 0 };
 	char loc[64];
 
@@ -258,7 +252,147 @@ START_TEST(test_journal_gcs)
 	ck_assert_int_eq(json_integer_value(json_object_get(L.obj[1], "n")), 1);
 	ck_assert_int_eq(json_integer_value(json_object_get(L.obj[2], "n")), 2);
 	lines_free(&L);
-	gt_server_stop(&fs);
+	tu_server_stop(&fs);
+}
+END_TEST
+
+/* Two writers of one host's gs:// journal at once (the training process
+ * and `ckptctl run` on one VM): every line of both is kept. A plain read,
+ * extend and replace loses some of them. */
+#define RACE_LINES 24
+
+struct appender {
+	const char *loc;
+	int who, failed;
+};
+
+static void *append_many(void *arg)
+{
+	struct appender *a = arg;
+	char line[96];
+
+	for (int i = 0; i < RACE_LINES && !a->failed; i++) {
+		snprintf(line, sizeof(line),
+			 "{\"source\":\"run\",\"who\":%d,\"i\":%d}", a->who,
+			 i);
+		if (ckpt_event_append(a->loc, 2, line) != 0)
+			a->failed = 1;
+	}
+	return NULL;
+}
+
+START_TEST(test_journal_gcs_two_writers)
+{
+	tu_server fs;
+	struct lines L = { 0 };
+	struct appender a[2];
+	pthread_t th[2];
+	int seen[2][RACE_LINES] = { { 0 } };
+	char loc[64];
+
+	gt_server_start(&fs, BUCKET);
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	snprintf(loc, sizeof(loc), "gs://%s/race", BUCKET);
+	for (int k = 0; k < 2; k++) {
+		a[k] = (struct appender){ loc, k, 0 };
+		ck_assert_int_eq(pthread_create(&th[k], NULL, append_many,
+						&a[k]),
+				 0);
+	}
+	for (int k = 0; k < 2; k++) {
+		pthread_join(th[k], NULL);
+		ck_assert_msg(!a[k].failed, "writer %d: an append failed", k);
+	}
+	ck_assert_int_eq(ckpt_events_read(loc, collect, &L), 0);
+	for (int n = 0; n < L.n; n++) {
+		json_int_t w = json_integer_value(json_object_get(L.obj[n],
+								  "who")),
+			   i = json_integer_value(json_object_get(L.obj[n],
+								  "i"));
+
+		ck_assert(w >= 0 && w < 2 && i >= 0 && i < RACE_LINES);
+		seen[w][i]++;
+	}
+	for (int w = 0; w < 2; w++)
+		for (int i = 0; i < RACE_LINES; i++)
+			ck_assert_msg(seen[w][i] == 1,
+				      "writer %d line %d is there %d times (of "
+				      "%d lines)",
+				      w, i, seen[w][i], L.n);
+	lines_free(&L);
+	tu_server_stop(&fs);
+}
+END_TEST
+
+/* The reply to a journal upload is lost after the server stored it
+ * (fake_gcs's lost-reply fault: store, then reset the connection). The
+ * client retries, meets its own generation (412), and the append's fresh
+ * read finds its own line at the end: done, the line is there once. The
+ * first append creates the object; the second replaces a generation, the
+ * case only gb_append's own-bytes check catches. */
+static void lose_next_reply(const tu_server *fs, const char *name)
+{
+	char url[128], body[256];
+
+	snprintf(url, sizeof(url), "%s/_fake/lost_reply", fs->url);
+	snprintf(body, sizeof(body),
+		 "{\"bucket\":\"%s\",\"name\":\"%s\",\"times\":1}", BUCKET,
+		 name);
+	ck_assert_int_eq(gt_http("POST", url, body, NULL), 200);
+}
+
+static long lost_replies(const tu_server *fs)
+{
+	char url[128], *body = NULL;
+	json_t *j;
+	long n;
+
+	snprintf(url, sizeof(url), "%s/_fake/stats", fs->url);
+	ck_assert_int_eq(gt_http("GET", url, NULL, &body), 200);
+	j = json_loads(body, 0, NULL);
+	ck_assert_ptr_nonnull(j);
+	n = (long)json_integer_value(
+		json_object_get(json_object_get(j, "faults"), "lost-reply"));
+	json_decref(j);
+	free(body);
+	return n;
+}
+
+START_TEST(test_journal_gcs_lost_reply)
+{
+	tu_server fs;
+	struct lines L = { 0 };
+	char loc[64], line[64];
+
+	gt_server_start(&fs, BUCKET);
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	snprintf(loc, sizeof(loc), "gs://%s/lost", BUCKET);
+	for (int n = 1; n <= 2; n++) {
+		int seen[3] = { 0 };
+
+		lose_next_reply(&fs, "lost/events/h00003.jsonl");
+		snprintf(line, sizeof(line), "{\"source\":\"run\",\"n\":%d}",
+			 n);
+		ck_assert_msg(ckpt_event_append(loc, 3, line) == 0, "%s",
+			      ckpt_errmsg(NULL));
+		/* the server stored the object and dropped the answer */
+		ck_assert_int_eq(lost_replies(&fs), n);
+		ck_assert_int_eq(ckpt_events_read(loc, collect, &L), 0);
+		for (int i = 0; i < L.n; i++) {
+			json_int_t k = json_integer_value(
+				json_object_get(L.obj[i], "n"));
+
+			ck_assert(k >= 1 && k <= n && L.host[i] == 3);
+			seen[k]++;
+		}
+		for (int k = 1; k <= n; k++)
+			ck_assert_msg(seen[k] == 1,
+				      "after %d appends, line %d is there %d "
+				      "times (of %d lines)",
+				      n, k, seen[k], L.n);
+		lines_free(&L);
+	}
+	tu_server_stop(&fs);
 }
 END_TEST
 
@@ -336,8 +470,8 @@ START_TEST(test_continue_policy)
 	ck_assert_int_eq(ckpt_request_save(c, dl), 0);
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 1);
 	save(c, 1, a.reason);
-	t0 = now_s();
-	while (!ckpt_should_save(c, 2, &a) && now_s() - t0 < PATIENCE_S)
+	t0 = tu_now_s();
+	while (!ckpt_should_save(c, 2, &a) && tu_now_s() - t0 < PATIENCE_S)
 		usleep(1000);
 	ck_assert_int_eq(a.reason, CKPT_REASON_REQUESTED);
 	ck_assert_int_eq(a.deadline_ns, dl);
@@ -358,7 +492,7 @@ END_TEST
 START_TEST(test_journal_remote)
 {
 	const char *dir = tu_tmpdir();
-	struct gt_server fs;
+	tu_server fs;
 	struct lines L = { 0 }, R = { 0 };
 	char remote[64];
 	ckpt_save_advice a;
@@ -400,7 +534,7 @@ START_TEST(test_journal_remote)
 	}
 	lines_free(&L);
 	lines_free(&R);
-	gt_server_stop(&fs);
+	tu_server_stop(&fs);
 }
 END_TEST
 
@@ -603,12 +737,12 @@ static atomic_int g_settled;
 
 static long slow_write(int fd, uint64_t off, size_t len, long res)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
 	(void)fd;
 	(void)off;
 	(void)len;
-	while (!atomic_load(&g_gate) && now_s() - t0 < PATIENCE_S)
+	while (!atomic_load(&g_gate) && tu_now_s() - t0 < PATIENCE_S)
 		usleep(1000);
 	return res;
 }
@@ -752,6 +886,195 @@ START_TEST(test_probe_and_measure)
 }
 END_TEST
 
+/* A directory with a remote where the network beats the disk: the notice's
+ * save goes straight to the bucket (direct sink), is committed there only,
+ * and the loop is told to stop; where the disk is faster it stays local
+ * and is uploaded after. _i: the handle's codec (none, float). */
+START_TEST(test_plan_remote_direct)
+{
+	static const int codecs[2] = { CKPT_CODEC_NONE, CKPT_CODEC_FLOAT };
+	const char *dir = tu_tmpdir();
+	tu_server fs;
+	struct eng_plan_meas m = { 0 };
+	struct lines L = { 0 };
+	char remote[64], path[512];
+	ckpt_save_advice a;
+	ckpt_settings s;
+	ckpt_reader *r = NULL;
+	ckpt_plan p;
+	struct stat st;
+	uint64_t latest = 0;
+	uint16_t *back;
+	ckpt *c = NULL;
+	const uint64_t n = 4u << 20;
+
+	gt_server_start(&fs, BUCKET);
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	snprintf(remote, sizeof(remote), "gs://%s/direct", BUCKET);
+	ckpt_settings_default(&s);
+	s.staging_bytes = 2 << 20;
+	s.chunk_bytes = 64 << 10;
+	s.threads = 1;
+	s.files_per_host = 2;
+	s.codec = codecs[_i];
+	s.remote = remote;
+	ck_assert_msg(ckpt_open(&c, dir, &s) == 0, "%s", ckpt_errmsg(NULL));
+	watch_no_md(c, CKPT_AFTER_STOP);
+	save_state(c, 1, CKPT_REASON_PERIODIC, n, 1);
+	ck_assert_int_eq(ckpt_upload_wait(c, 60000), 0);
+
+	/* the network ten times the disk */
+	m.local_bps = 10e6;
+	m.remote_bps = 100e6;
+	for (int k = 0; k < 3; k++) {
+		m.enc_bps[k] = 1e9;
+		m.ratio[k] = 1;
+	}
+	eng_plan_inject(c, &m);
+	ck_assert_int_eq(ckpt_request_save(c, 0), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 2, &a), 1);
+	save_state(c, 2, a.reason, n, 1);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_int_eq(p.dest, CKPT_PLAN_REMOTE);
+	ck_assert_int_eq(p.step, 2);
+	ck_assert_int_eq(p.status, 0);
+	ck_assert_int_eq(ckpt_should_stop(c), 1);
+	/* committed in the bucket, nothing of it in the directory */
+	snprintf(path, sizeof(path), "%s/step-%020d", dir, 2);
+	ck_assert_msg(stat(path, &st) < 0 && errno == ENOENT,
+		      "%s exists: the save went to the disk", path);
+	ck_assert_int_eq(ckpt_latest(c, &latest), 0);
+	ck_assert_int_eq(latest, 1);
+	ck_assert_msg(ckpt_reader_open(&r, remote, 2, NULL) == 0, "%s",
+		      ckpt_reader_errmsg(NULL));
+	ck_assert_msg(ckpt_reader_verify(r, NULL, NULL) == 0, "%s",
+		      ckpt_reader_errmsg(r));
+	back = malloc(n);
+	ck_assert_ptr_nonnull(back);
+	ck_assert_int_eq(ckpt_read(r, "state", back, n), 0);
+	for (uint64_t i = 0; i < n / 2; i++)
+		ck_assert_uint_eq(back[i], 0x3c00 + (i >> 12) % 64);
+	free(back);
+	ckpt_reader_close(r);
+
+	/* the disk faster again: local first, then uploaded */
+	m.local_bps = 1e9;
+	m.remote_bps = 10e6;
+	eng_plan_inject(c, &m);
+	ck_assert_int_eq(ckpt_request_save(c, 0), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 3, &a), 1);
+	save_state(c, 3, a.reason, n, 1);
+	ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+	ck_assert_int_eq(p.dest, CKPT_PLAN_LOCAL);
+	ck_assert_int_eq(ckpt_latest(c, &latest), 0);
+	ck_assert_int_eq(latest, 3);
+	ck_assert_msg(ckpt_upload_wait(c, 60000) == 0, "%s", ckpt_errmsg(c));
+	ck_assert_msg(ckpt_reader_open(&r, remote, 3, NULL) == 0, "%s",
+		      ckpt_reader_errmsg(NULL));
+	ckpt_reader_close(r);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	/* the journal names the plan */
+	ck_assert_int_eq(ckpt_events_read(dir, collect, &L), 0);
+	{
+		json_t *o = find_action(&L, "save", 2);
+
+		ck_assert_ptr_nonnull(o);
+		ck_assert_msg(!strncmp(str(o, "plan"), "gcs+", 4), "plan %s",
+			      str(o, "plan"));
+	}
+	lines_free(&L);
+	tu_server_stop(&fs);
+}
+END_TEST
+
+/* A directory with a remote probes Cloud Storage's own pace at
+ * ckpt_watch_start (no save has measured it), and leaves no object. */
+START_TEST(test_remote_probe)
+{
+	const char *dir = tu_tmpdir();
+	tu_server fs;
+	char remote[64], url[256], *body = NULL;
+	ckpt_watch_opts o;
+	ckpt_plan p;
+	double t0;
+	ckpt *c;
+
+	gt_server_start(&fs, BUCKET);
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	setenv("CKPT_PROBE_REMOTE_MIB", "8", 1);
+	snprintf(remote, sizeof(remote), "gs://%s/probed", BUCKET);
+	c = open_at(dir, remote);
+	ckpt_watch_opts_default(&o);
+	o.flags = CKPT_WATCH_NO_METADATA; /* the probes on */
+	ck_assert_msg(ckpt_watch_start(c, &o) == 0, "%s", ckpt_errmsg(NULL));
+	for (t0 = tu_now_s();; usleep(10000)) {
+		ck_assert_int_eq(ckpt_plan_get(c, &p), 0);
+		if (p.remote_bps > 0)
+			break;
+		ck_assert_msg(tu_now_s() - t0 < 60, "no remote probe result");
+	}
+	printf("remote probe: %.0f MB/s (local probe %.0f MB/s)\n",
+	       p.remote_bps / 1e6, p.local_bps / 1e6);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	snprintf(url, sizeof(url), "%s/storage/v1/b/%s/o?prefix=probed/",
+		 fs.url, BUCKET);
+	ck_assert_int_eq(gt_http("GET", url, NULL, &body), 200);
+	ck_assert_msg(!strstr(body, ".probe"), "probe objects left: %s", body);
+	free(body);
+	unsetenv("CKPT_PROBE_REMOTE_MIB");
+	tu_server_stop(&fs);
+}
+END_TEST
+
+/* A directory with a remote: after a notice's save, ckpt_close waits for
+ * the upload to be committed in the bucket (before the deadline), since a
+ * node that does not come back keeps nothing local; the journal says so. */
+START_TEST(test_close_waits_upload)
+{
+	const char *dir = tu_tmpdir();
+	tu_server fs;
+	struct lines L = { 0 };
+	char remote[64];
+	ckpt_save_advice a;
+	ckpt_settings s;
+	ckpt_reader *r = NULL;
+	json_t *o = NULL;
+	ckpt *c = NULL;
+
+	gt_server_start(&fs, BUCKET);
+	setenv("STORAGE_EMULATOR_HOST", fs.url, 1);
+	snprintf(remote, sizeof(remote), "gs://%s/closing", BUCKET);
+	ckpt_settings_default(&s);
+	s.staging_bytes = 8 << 20;
+	s.threads = 1;
+	s.files_per_host = 2;
+	s.codec = CKPT_CODEC_NONE;
+	s.remote = remote;
+	ck_assert_msg(ckpt_open(&c, dir, &s) == 0, "%s", ckpt_errmsg(NULL));
+	watch_no_md(c, CKPT_AFTER_STOP);
+	ck_assert_int_eq(ckpt_request_save(c, unix_ns() + 60000000000LL), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 4, &a), 1);
+	save_state(c, 4, a.reason, 64u << 20, 1);
+	ck_assert_int_eq(ckpt_should_stop(c), 1);
+	/* no ckpt_upload_wait: the loop exits at once */
+	ck_assert_int_eq(ckpt_close(c), 0);
+	ck_assert_msg(ckpt_reader_open(&r, remote, 4, NULL) == 0,
+		      "step 4 not in the bucket after close: %s",
+		      ckpt_reader_errmsg(NULL));
+	ckpt_reader_close(r);
+	ck_assert_int_eq(ckpt_events_read(dir, collect, &L), 0);
+	for (int i = 0; i < L.n; i++)
+		if (!strcmp(str(L.obj[i], "action"), "close-wait"))
+			o = L.obj[i];
+	ck_assert_ptr_nonnull(o);
+	ck_assert(json_is_true(json_object_get(o, "committed")));
+	printf("close waited %.3f s for the upload\n",
+	       json_real_value(json_object_get(o, "waited_s")));
+	lines_free(&L);
+	tu_server_stop(&fs);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("plan");
@@ -759,6 +1082,8 @@ int main(void)
 
 	tcase_add_test(tc, test_journal_dir);
 	tcase_add_test(tc, test_journal_gcs);
+	tcase_add_test(tc, test_journal_gcs_two_writers);
+	tcase_add_test(tc, test_journal_gcs_lost_reply);
 	tcase_add_test(tc, test_journal_remote);
 	suite_add_tcase(s, tc);
 	tc = tu_tcase("policy", 120);
@@ -771,6 +1096,9 @@ int main(void)
 	tcase_add_test(tc, test_inflight_cancel);
 	tcase_add_test(tc, test_inflight_finish);
 	tcase_add_test(tc, test_probe_and_measure);
+	tcase_add_loop_test(tc, test_plan_remote_direct, 0, 2);
+	tcase_add_test(tc, test_remote_probe);
+	tcase_add_test(tc, test_close_waits_upload);
 	suite_add_tcase(s, tc);
 	return tu_main(s);
 }

@@ -601,11 +601,15 @@ START_TEST(test_power_loss)
 			ck_assert_int_eq(tu_rm_rf(stash_dir), 0);
 			ck_assert_int_eq(mkdir(stash_dir, 0755), 0);
 			ck_assert_int_eq(tu_copy_tree(base, root), 0);
+			/* each point takes well under a second: a point
+			 * still running after two minutes hangs */
+			tu_watchdog_arm(120, ctx);
 			int st = run(root, 4, at, var, NULL);
 			ck_assert_msg(st == 99 || st == 98, "%s: child exit %d",
 				      ctx, st);
 			durable_runs += st == 98;
 			check_root(root, 4, st == 98, ctx);
+			tu_watchdog_disarm();
 			runs++;
 		}
 	fprintf(stderr,

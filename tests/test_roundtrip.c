@@ -1273,7 +1273,7 @@ START_TEST(test_save_opts)
 	struct {
 		int field, val, want;
 	} bad[] = {{0, 77, -EINVAL},          {1, 1000, -EINVAL},
-		   {2, CKPT_REASON_COUNT, -EINVAL}, {3, 1, -EINVAL},
+		   {2, CKPT_REASON_COUNT, -EINVAL}, {3, 2, -EINVAL},
 		   {4, 1, -EINVAL},           {5, 1, -ETIMEDOUT}};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		ckpt_save_opts_default(&o);

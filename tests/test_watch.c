@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,89 +30,41 @@
 #include "test_gcs_util.h"
 #include "testutil.h"
 
-#define PYTHON "/usr/bin/python3"
 #define ME "instance/maintenance-event"
 #define PR "instance/preempted"
 #define UM "instance/upcoming-maintenance"
 #define PATIENCE_S 30.0
 
-struct md_server {
-	pid_t pid;
-	char url[64];  /* http://127.0.0.1:PORT */
-	char host[32]; /* 127.0.0.1:PORT */
-};
+/* the control batches' work, kept so the compiler cannot drop it */
+static atomic_ullong control_word;
+static volatile uint64_t control_sink;
 
-static double now_s(void)
+/* fake_metadata.py (--absent KEY for each key given), as the watcher's
+ * GCE_METADATA_HOST */
+static void md_start(tu_server *s, const char *absent1, const char *absent2)
 {
-	struct timespec ts;
+	const char *args[5] = { NULL };
+	int n = 0;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	if (absent1) {
+		args[n++] = "--absent";
+		args[n++] = absent1;
+	}
+	if (absent2) {
+		args[n++] = "--absent";
+		args[n++] = absent2;
+	}
+	tu_server_start(s, "fake_metadata.py", args);
+	setenv("GCE_METADATA_HOST", s->host, 1);
 }
 
-static void md_start(struct md_server *s, const char *absent1,
-		     const char *absent2)
+static void md_stop(tu_server *s)
 {
-	const char *dir = tu_tmpdir();
-	char *portfile = tu_path("%s/port", dir), *srv;
-	const char *srcdir = getenv("CKPT_TEST_SRCDIR");
-	double t0 = now_s();
-
-	if (access(PYTHON, X_OK))
-		tu_skip_all(PYTHON " is missing: cannot run fake_metadata.py");
-	srv = tu_path("%s/servers/fake_metadata.py", srcdir ? srcdir : "tests");
-	s->pid = fork();
-	ck_assert_int_ge(s->pid, 0);
-	if (s->pid == 0) {
-		const char *argv[12] = { PYTHON, srv, "--port-file", portfile };
-		int n = 4;
-
-		/* the server goes when the test process does, however */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (absent1) {
-			argv[n++] = "--absent";
-			argv[n++] = absent1;
-		}
-		if (absent2) {
-			argv[n++] = "--absent";
-			argv[n++] = absent2;
-		}
-		execv(PYTHON, (char *const *)argv);
-		_exit(127);
-	}
-	while (now_s() - t0 < PATIENCE_S) {
-		FILE *f = fopen(portfile, "r");
-		int port = 0;
-
-		if (f && fscanf(f, "%d", &port) == 1 && port > 0) {
-			fclose(f);
-			snprintf(s->host, sizeof(s->host), "127.0.0.1:%d",
-				 port);
-			snprintf(s->url, sizeof(s->url), "http://%s", s->host);
-			setenv("GCE_METADATA_HOST", s->host, 1);
-			free(portfile);
-			free(srv);
-			return;
-		}
-		if (f)
-			fclose(f);
-		ck_assert_int_eq(waitpid(s->pid, NULL, WNOHANG), 0);
-		usleep(20000);
-	}
-	ck_abort_msg("fake_metadata.py did not start");
-}
-
-static void md_stop(struct md_server *s)
-{
-	int st = 0;
-
-	kill(s->pid, SIGTERM);
-	ck_assert_int_eq(waitpid(s->pid, &st, 0), s->pid);
+	ck_assert_int_ne(tu_server_stop(s), -1);
 }
 
 /* POST /_fake/PATH with a JSON body; returns the reply's "at" if any. */
-static double md_post(const struct md_server *s, const char *path,
-		      const char *body)
+static double md_post(const tu_server *s, const char *path, const char *body)
 {
 	char url[128], *resp = NULL;
 	json_t *j;
@@ -132,7 +83,7 @@ static double md_post(const struct md_server *s, const char *path,
 	return at;
 }
 
-static double md_set(const struct md_server *s, const char *key,
+static double md_set(const tu_server *s, const char *key,
 		     const char *json_value)
 {
 	char body[512];
@@ -143,7 +94,7 @@ static double md_set(const struct md_server *s, const char *key,
 }
 
 /* Waits until at least n long-polls on key are open on the server. */
-static void md_wait_polls(const struct md_server *s, const char *key, int n)
+static void md_wait_polls(const tu_server *s, const char *key, int n)
 {
 	char url[256];
 	long st;
@@ -226,9 +177,9 @@ static void save(ckpt *c, uint64_t step, int reason)
 /* Spins on ckpt_should_save until it says so (bounded). */
 static void wait_advice(ckpt *c, ckpt_save_advice *a, uint64_t after_event)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
-	while (now_s() - t0 < PATIENCE_S) {
+	while (tu_now_s() - t0 < PATIENCE_S) {
 		if (ckpt_should_save(c, 1, a) && a->event > after_event)
 			return;
 		usleep(200);
@@ -247,10 +198,10 @@ static ckpt_watch_key key_info(const ckpt *c, int i)
 /* Waits until key i has had `n` more requests than `base`. */
 static void wait_requests(const ckpt *c, int i, uint64_t base, uint64_t n)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
 	while (key_info(c, i).requests < base + n) {
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "key %d: stuck", i);
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "key %d: stuck", i);
 		usleep(2000);
 	}
 }
@@ -258,10 +209,10 @@ static void wait_requests(const ckpt *c, int i, uint64_t base, uint64_t n)
 /* Waits until key i is in `state` (bounded). */
 static void wait_state(const ckpt *c, int i, int state)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
 	while (key_info(c, i).state != state) {
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "key %d: state %d", i,
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "key %d: state %d", i,
 			      key_info(c, i).state);
 		usleep(1000);
 	}
@@ -270,10 +221,10 @@ static void wait_state(const ckpt *c, int i, int state)
 /* Waits until key i has the value `v` (bounded). */
 static void wait_value(const ckpt *c, int i, const char *v)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
 	while (strcmp(key_info(c, i).value, v)) {
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "key %d: %s, not %s",
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "key %d: %s, not %s",
 			      i, key_info(c, i).value, v);
 		usleep(1000);
 	}
@@ -378,25 +329,25 @@ START_TEST(test_policy_seconds)
 	o.flags = CKPT_WATCH_NO_METADATA;
 	o.every_seconds = 3600;
 	o.time_scale = 7200; /* an hour in 0.5 s */
-	t0 = now_s();
+	t0 = tu_now_s();
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
-	if (!ckpt_should_save(c, 1, &a) && now_s() - t0 < 0.5)
+	if (!ckpt_should_save(c, 1, &a) && tu_now_s() - t0 < 0.5)
 		early = 1;
 	while (!ckpt_should_save(c, 2, &a))
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "never due");
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "never due");
 	ck_assert_int_eq(a.reason, CKPT_REASON_PERIODIC);
 	printf("policy_seconds: due after %.3f s (period 0.5 s)\n",
-	       now_s() - t0);
+	       tu_now_s() - t0);
 	/* a save starting resets the clock */
-	t_save = now_s();
+	t_save = tu_now_s();
 	save(c, 2, CKPT_REASON_PERIODIC);
 	if (!ckpt_should_save(c, 3, &a))
 		early++;
 	else
 		/* only allowed if the machine stalled past the period */
-		ck_assert_double_ge(now_s() - t_save, 0.5);
+		ck_assert_double_ge(tu_now_s() - t_save, 0.5);
 	while (!ckpt_should_save(c, 4, &a))
-		ck_assert_msg(now_s() - t_save < PATIENCE_S, "never due");
+		ck_assert_msg(tu_now_s() - t_save < PATIENCE_S, "never due");
 	printf("policy_seconds: %d of 2 early checks ran before the period\n",
 	       early);
 	ck_assert_int_eq(ckpt_close(c), 0);
@@ -407,7 +358,7 @@ END_TEST
 
 START_TEST(test_maintenance_event)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_save_advice a;
@@ -515,7 +466,7 @@ static double save_s_of(const char *journal_text, uint64_t step)
  * save just before the deadline the journal recorded. */
 START_TEST(test_restart_answered)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt_watch_opts o;
 	ckpt_save_advice a, b;
 	ckpt *c;
@@ -550,8 +501,8 @@ START_TEST(test_restart_answered)
 		ck_assert_int_eq(ckpt_open(&c, g_root, &st), 0);
 	}
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
-	t0 = now_s();
-	while (now_s() - t0 < PATIENCE_S && !ckpt_should_save(c, 6, &b))
+	t0 = tu_now_s();
+	while (tu_now_s() - t0 < PATIENCE_S && !ckpt_should_save(c, 6, &b))
 		usleep(500);
 	{
 		struct timespec ts;
@@ -581,7 +532,7 @@ END_TEST
 
 START_TEST(test_preempted)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_save_advice a;
@@ -600,10 +551,10 @@ START_TEST(test_preempted)
 	ck_assert_int_eq(a.deadline_ns - a.notice_ns, 30000000000ll);
 	/* a maintenance notice with a later deadline does not hide it */
 	md_set(&s, ME, "\"TERMINATE_ON_HOST_MAINTENANCE\"");
-	t0 = now_s();
+	t0 = tu_now_s();
 	do {
 		ck_assert_int_eq(ckpt_watch_state(c, &st), 0);
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "no 2nd notice");
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "no 2nd notice");
 	} while (st.notices < 2);
 	ck_assert_int_eq(ckpt_should_save(c, 1, &a), 1);
 	ck_assert_int_eq(a.reason, CKPT_REASON_PREEMPTED);
@@ -629,7 +580,7 @@ START_TEST(test_upcoming)
 			  "\"PENDING\", \"can_reschedule\": \"true\", "
 			  "\"window_start_time\": \"2031-01-02T03:04:05Z\", "
 			  "\"window_end_time\": \"2031-01-02T07:04:05Z\"}";
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_save_advice a;
@@ -719,7 +670,7 @@ END_TEST
 
 START_TEST(test_absent_keys)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_watch_info st;
@@ -772,7 +723,7 @@ static const char *const fault_kinds[] = {
 
 START_TEST(test_faults)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_watch_info st;
@@ -781,6 +732,7 @@ START_TEST(test_faults)
 	char body[512];
 	uint64_t iters = 0, degraded0, ev = 0, slow = 0, blocked = 0;
 	uint64_t preempted = 0, batches = 0, blocked_batches = 0;
+	uint64_t control_blocked = 0;
 	double t0, worst = 0, t;
 	int healthy_again = 0;
 
@@ -799,16 +751,16 @@ START_TEST(test_faults)
 	/* a training loop: one question per step, timed; batches of 1000
 	 * between two getrusage(RUSAGE_THREAD) calls count the times the
 	 * loop's thread blocked (a lock or a sleeping system call would) */
-	t0 = now_s();
+	t0 = tu_now_s();
 	while (!healthy_again || batches < 200) {
 		struct rusage r0, r1;
 		int j;
 
 		ck_assert_int_eq(getrusage(RUSAGE_THREAD, &r0), 0);
 		for (j = 0; j < 1000; j++, iters++) {
-			t = now_s();
+			t = tu_now_s();
 			ck_assert_int_eq(ckpt_should_save(c, iters, &a), 0);
-			t = now_s() - t;
+			t = tu_now_s() - t;
 			if (t > worst)
 				worst = t;
 			slow += t > 1e-3;
@@ -818,11 +770,23 @@ START_TEST(test_faults)
 		blocked_batches += r1.ru_nvcsw != r0.ru_nvcsw;
 		batches++;
 		preempted += (uint64_t)(r1.ru_nivcsw - r0.ru_nivcsw);
+		/* the control: the same batch without the library (the
+		 * clock and an atomic load), so what this machine's load
+		 * alone makes a batch sleep is measured in the same run */
+		ck_assert_int_eq(getrusage(RUSAGE_THREAD, &r0), 0);
+		for (j = 0; j < 1000; j++) {
+			t = tu_now_s();
+			t = tu_now_s() - t;
+			control_sink +=
+				(uint64_t)(t > 1) + atomic_load(&control_word);
+		}
+		ck_assert_int_eq(getrusage(RUSAGE_THREAD, &r1), 0);
+		control_blocked += r1.ru_nvcsw != r0.ru_nvcsw;
 		{
 			ck_assert_int_eq(ckpt_watch_state(c, &st), 0);
 			healthy_again = st.degraded > degraded0 && st.healthy &&
 					st.keys[0].state == CKPT_WKEY_OK;
-			ck_assert_msg(now_s() - t0 < PATIENCE_S,
+			ck_assert_msg(tu_now_s() - t0 < PATIENCE_S,
 				      "%s: degraded %llu healthy %d: %s", spec,
 				      (unsigned long long)st.degraded,
 				      st.healthy, st.keys[0].error);
@@ -830,21 +794,27 @@ START_TEST(test_faults)
 	}
 	printf("fault %s: degraded then healthy after %.3f s; the loop ran "
 	       "%llu iterations meanwhile; should_save: slowest %.1f us, %llu "
-	       "calls over 1 ms, the thread blocked %llu times and was "
+	       "calls over 1 ms, the thread blocked %llu times (in %llu of "
+	       "%llu batches; control batches: %llu) and was "
 	       "preempted %llu times; key errors %llu, last error: %s\n",
-	       spec, now_s() - t0, (unsigned long long)iters, worst * 1e6,
+	       spec, tu_now_s() - t0, (unsigned long long)iters, worst * 1e6,
 	       (unsigned long long)slow, (unsigned long long)blocked,
+	       (unsigned long long)blocked_batches, (unsigned long long)batches,
+	       (unsigned long long)control_blocked,
 	       (unsigned long long)preempted,
 	       (unsigned long long)st.keys[0].errors, st.keys[0].error);
 	/* A lock shared with the failing watcher thread or a sleeping system
 	 * call would block the loop in many of the thousands of batches. A
-	 * loaded machine can still make a batch sleep once on its own (a
-	 * code page evicted and read back in): one batch in a hundred is
-	 * allowed for that; a slow call was the scheduler preempting us. */
-	ck_assert_msg(blocked_batches * 100 <= batches,
-		      "%s: the loop's thread blocked in %llu of %llu batches",
+	 * loaded machine can still make a batch sleep on its own (a code
+	 * page evicted and read back in): as many as the control batches
+	 * did in the same run, plus one in a hundred; a slow call was the
+	 * scheduler preempting us. */
+	ck_assert_msg(blocked_batches * 100 <= batches + control_blocked * 100,
+		      "%s: the loop's thread blocked in %llu of %llu batches "
+		      "(the control batches without the library: %llu)",
 		      spec, (unsigned long long)blocked_batches,
-		      (unsigned long long)batches);
+		      (unsigned long long)batches,
+		      (unsigned long long)control_blocked);
 	ck_assert_uint_ge(st.keys[0].errors, 1);
 	ck_assert_uint_gt(iters, 1000);
 	/* still watching: a change is seen */
@@ -917,7 +887,7 @@ END_TEST
 
 START_TEST(test_sigterm_callback)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	struct sigaction sa;
@@ -935,9 +905,9 @@ START_TEST(test_sigterm_callback)
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
 	ck_assert_int_eq(ckpt_watch_sigterm(c), 0);
 	ck_assert_int_eq(raise(SIGTERM), 0); /* the default was SIG_DFL */
-	t0 = now_s();
+	t0 = tu_now_s();
 	while (atomic_load(&g_cb_calls) == 0)
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "no callback");
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "no callback");
 	ck_assert_int_eq(atomic_load(&g_cb_reason), CKPT_REASON_SIGTERM);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	md_stop(&s);
@@ -962,7 +932,7 @@ END_TEST
 
 START_TEST(test_close_in_flight)
 {
-	struct md_server s;
+	tu_server s;
 	ckpt_settings set;
 	ckpt *c;
 	ckpt_watch_info st;
@@ -983,11 +953,11 @@ START_TEST(test_close_in_flight)
 	md_post(&s, "fault",
 		"{\"kind\": \"hang\", \"hang_seconds\": 300, "
 		"\"seconds\": 300, \"open\": true}");
-	t0 = now_s();
+	t0 = tu_now_s();
 	ck_assert_int_eq(ckpt_close(c), 0);
 	printf("close with 2 long-polls and a hanging request in flight: "
 	       "%.3f s\n",
-	       now_s() - t0);
+	       tu_now_s() - t0);
 	/* the server sees them go */
 	snprintf(url, sizeof(url), "%s/_fake/wait?long_polls=0&cmp=le", s.url);
 	ck_assert_int_eq(gt_http("GET", url, NULL, NULL), 200);
@@ -1005,7 +975,7 @@ static int cmp_double(const void *a, const void *b)
 START_TEST(test_reaction_latency)
 {
 	enum { N = 50 };
-	struct md_server s;
+	tu_server s;
 	ckpt *c;
 	ckpt_watch_opts o;
 	ckpt_save_advice a;

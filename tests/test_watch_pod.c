@@ -31,87 +31,30 @@
 #include "ckpt.h"
 #include "gcs.h"
 
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define BUCKET "ckpt-podwatch"
 #define HOSTS 4
-#define PYTHON "/usr/bin/python3"
 #define ME "instance/maintenance-event"
 #define PATIENCE_S 120.0
 #define MAXSAVES 8
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* ---- a metadata server per role ---------------------------------- */
 
-struct pm {
-	pid_t pid;
-	char host[32]; /* 127.0.0.1:PORT */
-};
-
-static void pm_start(struct pm *s, const char *tag)
-{
-	char *portfile = tu_path("%s/md-%s.port", tu_tmpdir(), tag);
-	const char *src = getenv("CKPT_TEST_SRCDIR");
-	char *srv = tu_path("%s/servers/fake_metadata.py", src ? src : "tests");
-	double t0 = now_s();
-
-	if (access(PYTHON, X_OK))
-		tu_skip_all(PYTHON " is missing: cannot run fake_metadata.py");
-	s->pid = fork();
-	ck_assert_int_ge(s->pid, 0);
-	if (s->pid == 0) {
-		const char *argv[] = { PYTHON, srv, "--port-file", portfile,
-				       NULL };
-
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		execv(PYTHON, (char *const *)argv);
-		_exit(127);
-	}
-	while (now_s() - t0 < PATIENCE_S) {
-		FILE *f = fopen(portfile, "r");
-		int port = 0;
-
-		if (f && fscanf(f, "%d", &port) == 1 && port > 0) {
-			fclose(f);
-			snprintf(s->host, sizeof(s->host), "127.0.0.1:%d",
-				 port);
-			free(portfile);
-			free(srv);
-			return;
-		}
-		if (f)
-			fclose(f);
-		ck_assert_int_eq(waitpid(s->pid, NULL, WNOHANG), 0);
-		usleep(20000);
-	}
-	ck_abort_msg("fake_metadata.py did not start");
-}
-
-static void pm_stop(struct pm *s)
-{
-	kill(s->pid, SIGTERM);
-	waitpid(s->pid, NULL, 0);
-}
-
-static void pm_announce(const struct pm *s)
+static void pm_announce(const tu_server *s)
 {
 	char url[128], *resp = NULL;
 	long st;
@@ -272,7 +215,7 @@ static int wait_pod(struct shared *sh, uint32_t h, uint64_t s, double t0)
 	for (o = 0; o < HOSTS; o++)
 		while (o != h && !atomic_load(&sh->finished[o]) &&
 		       atomic_load(&sh->step[o]) + 1 < s) {
-			if (now_s() - t0 > PATIENCE_S)
+			if (tu_now_s() - t0 > PATIENCE_S)
 				return -1;
 			usleep(100);
 		}
@@ -285,7 +228,7 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 	char *dir = tu_path("%s/%s/host%u", tu_tmpdir(), pc->run, h);
 	struct gcs_client *gc = gk_client(gk_srv.url);
 	char remote[128], *commit = NULL;
-	double t0 = now_s(), checked = 0;
+	double t0 = tu_now_s(), checked = 0;
 	uint64_t step, pending = 0;
 	ckpt_watch_opts o;
 	ckpt_watch_info info;
@@ -301,7 +244,7 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 	for (step = 1;; step++) {
 		ckpt_save_advice a;
 
-		if (now_s() - t0 > PATIENCE_S) {
+		if (tu_now_s() - t0 > PATIENCE_S) {
 			ckpt_upload_status us;
 
 			memset(&us, 0, sizeof(us));
@@ -339,15 +282,15 @@ static void host_main(struct shared *sh, const struct pod_case *pc, uint32_t h,
 			commit = gk_object(pc->run, step, "COMMIT");
 		}
 		/* a committed step ends the run (checked every 50 ms) */
-		if (pending && now_s() - checked > 0.05) {
-			checked = now_s();
+		if (pending && tu_now_s() - checked > 0.05) {
+			checked = tu_now_s();
 			if (gk_exists(gc, BUCKET, commit) == 1)
 				break;
 		}
 	}
 	/* the STOP policy: should_stop once no later request came */
 	while (!ckpt_should_stop(c)) {
-		if (now_s() - t0 > PATIENCE_S)
+		if (tu_now_s() - t0 > PATIENCE_S)
 			HFAIL("step %" PRIu64 " committed, never told to stop",
 			      pending);
 		usleep(1000);
@@ -437,7 +380,7 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	struct gcs_client *gc = gk_client(gk_srv.url);
-	struct pm loud, quiet;
+	tu_server loud, quiet;
 	struct bucket_view v;
 	pid_t pid[HOSTS];
 	int st[HOSTS];
@@ -448,8 +391,8 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 
 	ck_assert_ptr_ne(sh, MAP_FAILED);
 	memset(sh, 0, sizeof(*sh));
-	pm_start(&loud, "loud");
-	pm_start(&quiet, "quiet");
+	tu_server_start(&loud, "fake_metadata.py", NULL);
+	tu_server_start(&quiet, "fake_metadata.py", NULL);
 	for (h = 0; h < HOSTS; h++) {
 		pid[h] = fork();
 		ck_assert_int_ge(pid[h], 0);
@@ -460,7 +403,7 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 	}
 	/* announce once every host is stepping (and, with a slow host,
 	 * once the others are well ahead of it) */
-	t0 = now_s();
+	t0 = tu_now_s();
 	for (;;) {
 		uint64_t min = UINT64_MAX, fast = UINT64_MAX;
 
@@ -477,7 +420,7 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 		    (slow_host < 0 ||
 		     fast >= atomic_load(&sh->step[slow_host]) + 300))
 			break;
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "hosts not stepping");
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "hosts not stepping");
 		usleep(5000);
 	}
 	pm_announce(&loud);
@@ -516,8 +459,8 @@ static uint64_t run_pod(const struct pod_case *pc, int slow_host)
 				       why, sizeof(why)) == 0,
 		      "%s", why);
 	json_decref(v.last);
-	pm_stop(&loud);
-	pm_stop(&quiet);
+	tu_server_stop(&loud);
+	tu_server_stop(&quiet);
 	munmap(sh, sizeof(*sh));
 	gcs_client_free(gc);
 	return v.nreq;
@@ -560,13 +503,13 @@ END_TEST
 
 static void wait_info(ckpt *c, uint64_t request, ckpt_watch_info *info)
 {
-	double t0 = now_s();
+	double t0 = tu_now_s();
 
 	for (;;) {
 		ck_assert_int_eq(ckpt_watch_state(c, info), 0);
 		if (info->pod_state == 2 && info->pod_request >= request)
 			return;
-		ck_assert_msg(now_s() - t0 < PATIENCE_S,
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S,
 			      "no pod request %" PRIu64
 			      " (state %u, at %" PRIu64 ")",
 			      request, info->pod_state, info->pod_request);
@@ -648,8 +591,8 @@ START_TEST(pod_missed_target)
 	ask_until(a, 0, 11, t2);
 	ask_until(b, 1, 100001, t2);
 	commit = gk_object("missed", t2, "COMMIT");
-	for (t0 = now_s(); gk_exists(gc, BUCKET, commit) != 1; usleep(10000))
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "%s never committed",
+	for (t0 = tu_now_s(); gk_exists(gc, BUCKET, commit) != 1; usleep(10000))
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "%s never committed",
 			      commit);
 	bucket_view(gc, "missed", &v);
 	ck_assert_int_eq(v.commits, 1);
@@ -674,9 +617,9 @@ START_TEST(pod_missed_target)
 	}
 	/* the STOP policy: both are told to stop once no later request
 	 * came (no deadline on this: the pod thread decides) */
-	for (t0 = now_s(); !ckpt_should_stop(a) || !ckpt_should_stop(b);
+	for (t0 = tu_now_s(); !ckpt_should_stop(a) || !ckpt_should_stop(b);
 	     usleep(1000))
-		ck_assert_msg(now_s() - t0 < PATIENCE_S, "never told to stop");
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S, "never told to stop");
 	printf("missed: request 1 target %" PRIu64 ", request 2 target %" PRIu64
 	       "\n",
 	       t1, t2);
@@ -690,10 +633,56 @@ START_TEST(pod_missed_target)
 }
 END_TEST
 
+/* A bucket that accepts connections and never answers: ckpt_close does
+ * not wait for the pod watcher's request to time out (its client's
+ * deadline is 10 s; close cancels it). */
+START_TEST(pod_close_hung_bucket)
+{
+	char *dir = tu_path("%s/hung/host0", tu_tmpdir());
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t sl = sizeof(sa);
+	char host[64], remote[128], *old;
+	ckpt_watch_info info;
+	ckpt_watch_opts o;
+	double t0, dt;
+	int fd;
+	ckpt *c;
+
+	/* listening, never accepting: connects succeed, nothing answers */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(fd, 64), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(host, sizeof(host), "127.0.0.1:%u", ntohs(sa.sin_port));
+	old = strdup(getenv("STORAGE_EMULATOR_HOST"));
+	setenv("STORAGE_EMULATOR_HOST", host, 1);
+	c = pod_open(dir, "hung", 0, 2, remote, sizeof(remote));
+	ck_assert_ptr_nonnull(c);
+	fast_opts(&o);
+	o.flags = CKPT_WATCH_NO_METADATA;
+	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
+	usleep(300000); /* its first read is in flight, unanswered */
+	ck_assert_int_eq(ckpt_watch_state(c, &info), 0);
+	ck_assert_uint_ne(info.pod_state, 2); /* never ready */
+	t0 = tu_now_s();
+	ck_assert_int_eq(ckpt_close(c), 0);
+	dt = tu_now_s() - t0;
+	printf("hung bucket: ckpt_close took %.3f s\n", dt);
+	ck_assert_msg(dt < 5, "ckpt_close waited %.1f s on a hung bucket", dt);
+	setenv("STORAGE_EMULATOR_HOST", old, 1);
+	free(old);
+	close(fd);
+	free(dir);
+}
+END_TEST
+
 int main(void)
 {
 	const TTest *const tests[] = { pod_missed_target, pod_one_announces,
-				       pod_two_announce, pod_slow_host };
+				       pod_two_announce, pod_slow_host,
+				       pod_close_hung_bucket };
 
 	return gk_main(BUCKET, "watch_pod", 600, tests,
 		       sizeof(tests) / sizeof(tests[0]));

@@ -13,7 +13,10 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -868,4 +871,125 @@ int tu_check_reader_path(ckpt_reader *r, uint32_t flags, const char *root,
 	else
 		return 0;
 	return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* loopback servers                                                   */
+/* ------------------------------------------------------------------ */
+
+#define TU_PYTHON "/usr/bin/python3"
+#define TU_SERVER_PATIENCE_S 60.0
+
+double tu_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The port the server wrote, or 0 while the file is absent or empty. */
+static int read_port(const char *portfile)
+{
+	FILE *f = fopen(portfile, "r");
+	int port = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%d", &port) != 1 || port <= 0)
+		port = 0;
+	fclose(f);
+	return port;
+}
+
+static void server_exec(const char *script, const char *portfile,
+			const char *const *args)
+{
+	const char *argv[40] = { TU_PYTHON, script, "--port-file", portfile };
+	int k = 4, null = open("/dev/null", O_WRONLY);
+
+	/* the server goes when the test does, however it ends */
+	prctl(PR_SET_PDEATHSIG, SIGTERM);
+	if (null >= 0 && !getenv("TU_SERVER_VERBOSE"))
+		dup2(null, 1);
+	while (args && *args && k < 39)
+		argv[k++] = *args++;
+	argv[k] = NULL;
+	execv(TU_PYTHON, (char *const *)argv);
+	_exit(127);
+}
+
+void tu_server_start(tu_server *s, const char *script, const char *const *args)
+{
+	const char *src = getenv("CKPT_TEST_SRCDIR");
+	const char *m = getenv("CKPT_TEST_TIMEOUT_MULT");
+	double patience =
+		TU_SERVER_PATIENCE_S * (m && atof(m) > 0 ? atof(m) : 1.0);
+	char *path, *portfile;
+	double t0 = tu_now_s();
+	int port;
+
+	if (access(TU_PYTHON, X_OK) != 0)
+		tu_skip_all(TU_PYTHON " is missing: cannot run the servers");
+	path = strchr(script, '/') ?
+		       tu_path("%s", script) :
+		       tu_path("%s/servers/%s", src ? src : "tests", script);
+	if (access(path, R_OK) != 0) {
+		fprintf(stderr, "server %s is missing\n", path);
+		tu_skip_all("a server of tests/servers is missing");
+	}
+	memset(s, 0, sizeof(*s));
+	snprintf(s->dir, sizeof(s->dir), "%s/tu-server-XXXXXX",
+		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if (!mkdtemp(s->dir)) {
+		fprintf(stderr, "%s: mkdtemp: %s\n", s->dir, strerror(errno));
+		exit(1);
+	}
+	portfile = tu_path("%s/port", s->dir);
+	fflush(NULL);
+	s->pid = fork();
+	if (s->pid < 0) {
+		fprintf(stderr, "fork: %s\n", strerror(errno));
+		exit(1);
+	}
+	if (s->pid == 0)
+		server_exec(path, portfile, args);
+	while ((port = read_port(portfile)) == 0) {
+		if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
+			fprintf(stderr, "%s exited at start\n", path);
+			exit(1);
+		}
+		if (tu_now_s() - t0 > patience) {
+			fprintf(stderr, "%s did not listen in %.0f s\n", path,
+				patience);
+			kill(s->pid, SIGKILL);
+			exit(1);
+		}
+		usleep(10000);
+	}
+	snprintf(s->host, sizeof(s->host), "127.0.0.1:%d", port);
+	snprintf(s->url, sizeof(s->url), "http://%s", s->host);
+	free(portfile);
+	free(path);
+}
+
+int tu_server_stop(tu_server *s)
+{
+	char *portfile;
+	int st = -1;
+
+	if (s->pid > 0) {
+		kill(s->pid, SIGTERM);
+		if (waitpid(s->pid, &st, 0) != s->pid)
+			st = -1;
+		s->pid = 0;
+	}
+	if (s->dir[0]) {
+		portfile = tu_path("%s/port", s->dir);
+		unlink(portfile);
+		free(portfile);
+		rmdir(s->dir);
+		s->dir[0] = 0;
+	}
+	return st;
 }

@@ -15,8 +15,10 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <sys/types.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "ckpt.h"
 
@@ -30,12 +32,14 @@ TCase *tu_tcase(const char *name, double timeout_s);
 /* Skip the whole binary: prints why and exits 77 (meson's "skipped"). */
 void tu_skip_all(const char *why) __attribute__((noreturn));
 /* Skip one test: prints why; the caller returns (the test then passes). */
-#define TU_SKIP(why)                                                     \
-	do {                                                             \
-		fprintf(stderr, "SKIP %s: %s\n", __func__, (why));       \
-		return;                                                  \
+#define TU_SKIP(why)                                               \
+	do {                                                       \
+		fprintf(stderr, "SKIP %s: %s\n", __func__, (why)); \
+		return;                                            \
 	} while (0)
 
+/* CLOCK_MONOTONIC in seconds (for bounds on waits, never a measure). */
+double tu_now_s(void);
 /* Fresh empty directory for the calling test; removed at exit. The string
  * stays valid until exit. */
 const char *tu_tmpdir(void);
@@ -122,7 +126,7 @@ uint64_t tu_set_bytes(const tu_set *s);
 
 /* Full content of a global array generated with `seed` (malloc'd). */
 void *tu_global_data(int dtype, uint32_t ndim, const uint64_t *shape,
-		    uint64_t seed, uint64_t *nbytes);
+		     uint64_t seed, uint64_t *nbytes);
 /* Copies box [off, off+ext) of a row-major array `src` of `shape` into
  * dst (row-major box). */
 void tu_extract_box(const void *src, uint32_t ndim, const uint64_t *shape,
@@ -138,8 +142,8 @@ uint64_t tu_count(uint32_t ndim, const uint64_t *dims);
  */
 int tu_check_set(ckpt_reader *r, const tu_set *s, char *why, size_t whylen);
 /* Opens root/step (or CKPT_LATEST), verifies and checks the set. */
-int tu_check_root(const char *root, uint64_t step, const tu_set *s,
-		  char *why, size_t whylen);
+int tu_check_root(const char *root, uint64_t step, const tu_set *s, char *why,
+		  size_t whylen);
 
 /* ---- files ---- */
 
@@ -176,5 +180,41 @@ int tu_check_reader_path(ckpt_reader *r, uint32_t flags, const char *root,
 /* Settings with small, test-friendly values: staging 8 MiB, chunk
  * 64 KiB, 2 threads, files_per_host 2. */
 void tu_settings(ckpt_settings *s);
+
+/* ---- hangs (tu_hang.c) ---- */
+
+/* Prints, to stderr, every thread's stack of pid and of its descendants
+ * (gdb -batch; a note if gdb is missing), headed by why. */
+void tu_dump_stacks(pid_t pid, const char *why);
+/* After `seconds`, unless disarmed first, a background shell prints the
+ * stacks of this process and its descendants, headed by what (so a test
+ * that meson then kills for its timeout shows where it hung). One at a
+ * time: arming again replaces the previous one. */
+void tu_watchdog_arm(double seconds, const char *what);
+void tu_watchdog_disarm(void);
+
+/* ---- loopback servers (tests/servers/) ---- */
+
+typedef struct tu_server {
+	pid_t pid;
+	char host[32]; /* 127.0.0.1:PORT */
+	char url[64];  /* http://127.0.0.1:PORT */
+	char dir[256]; /* its port file; removed by tu_server_stop */
+} tu_server;
+
+/*
+ * Runs /usr/bin/python3 SCRIPT --port-file FILE ARGS... (args NULL-
+ * terminated, may be NULL) and waits until it has written its port.
+ * SCRIPT is `script` when it holds a '/', else
+ * $CKPT_TEST_SRCDIR/servers/SCRIPT (tests/ without it). Its stdout goes to
+ * /dev/null unless $TU_SERVER_VERBOSE is set; it gets SIGTERM when the
+ * calling thread dies, so a crashed test leaves no server behind. Skips
+ * the whole binary (77) when python3 or SCRIPT is missing; exits 1 with a
+ * message if the server exits, or has not listened within 60 s (scaled
+ * by $CKPT_TEST_TIMEOUT_MULT).
+ */
+void tu_server_start(tu_server *s, const char *script, const char *const *args);
+/* SIGTERM, then its wait status (-1 if it was not running). */
+int tu_server_stop(tu_server *s);
 
 #endif

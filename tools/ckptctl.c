@@ -23,9 +23,10 @@
 
 /* In the order `ckptctl --help` lists them. */
 static const struct cli_command *const commands[] = {
-	&cli_cmd_ls,    &cli_cmd_inspect, &cli_cmd_verify, &cli_cmd_restore,
-	&cli_cmd_push,  &cli_cmd_export,  &cli_cmd_import, &cli_cmd_gc,
-	&cli_cmd_watch, &cli_cmd_events,  &cli_cmd_run,
+	&cli_cmd_ls,      &cli_cmd_inspect, &cli_cmd_verify, &cli_cmd_restore,
+	&cli_cmd_push,    &cli_cmd_export,  &cli_cmd_import, &cli_cmd_gc,
+	&cli_cmd_watch,   &cli_cmd_events,  &cli_cmd_run,    &cli_cmd_health,
+	&cli_cmd_recover,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -43,12 +44,15 @@ static void print_main_help(void)
 		printf("  %-7s  %s\n", commands[i]->name, commands[i]->summary);
 	fputs("\n"
 	      "Locations: DIR is a checkpoint root directory or gs://BUCKET/PREFIX\n"
-	      "(Cloud Storage; every command but import takes one); DIR@STEP names\n"
-	      "one step (the last '@' followed by digits only). Without @STEP,\n"
-	      "commands that read a step use the latest one and import writes step\n"
-	      "0. ls and gc take DIR whole.\n"
+	      "(Cloud Storage; every command but import, health and recover\n"
+	      "takes one); DIR@STEP names one step (the last '@' followed by\n"
+	      "digits only). Without @STEP, commands that read a step use the\n"
+	      "latest one and import writes step 0. ls and gc take DIR whole.\n"
+	      "health and recover take a Cloud TPU node (--node, --zone);\n"
+	      "recover --yes also a journal --location.\n"
 	      "\n"
-	      "Exit status: 0 success, 1 failure, 2 usage error.\n"
+	      "Exit status: 0 success, 1 failure, 2 usage error (health: 3 not\n"
+	      "healthy).\n"
 	      "Run 'ckptctl COMMAND --help' for a command's options and examples.\n",
 	      stdout);
 }

@@ -116,6 +116,30 @@ int cli_getopt(int argc, char **argv, const char *shortopts,
 	return c;
 }
 
+int cli_parse_host(const char *arg, uint32_t *host)
+{
+	uint64_t v;
+
+	if (cli_parse_u64(arg, &v, 0) || v > UINT32_MAX)
+		return cli_usage("bad --host '%s'", arg);
+	*host = (uint32_t)v;
+	return 0;
+}
+
+int cli_journal_opt(int c, const char *arg, const char **location,
+		    uint32_t *host, int *status)
+{
+	switch (c) {
+	case 'l':
+		*location = arg;
+		return 0;
+	case 'H':
+		*status = cli_parse_host(arg, host);
+		return *status ? CLI_OPT_EXIT : 0;
+	}
+	return c;
+}
+
 int cli_operands(int argc, int want, const char *missing)
 {
 	if (argc - optind == want)

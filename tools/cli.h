@@ -42,7 +42,8 @@ struct cli_command {
 /* The commands, one per cmd_NAME.c; listed in ckptctl.c. */
 extern const struct cli_command cli_cmd_ls, cli_cmd_inspect, cli_cmd_verify,
 	cli_cmd_restore, cli_cmd_export, cli_cmd_import, cli_cmd_gc,
-	cli_cmd_push, cli_cmd_watch, cli_cmd_events, cli_cmd_run;
+	cli_cmd_push, cli_cmd_watch, cli_cmd_events, cli_cmd_run,
+	cli_cmd_health, cli_cmd_recover;
 
 /* Name of the running command, for "ckptctl: CMD: message"; set by main. */
 extern const char *cli_cmd_name;
@@ -81,6 +82,15 @@ typedef struct cli_location {
 	{ "json", no_argument, NULL, 'j' }, { "help", no_argument, NULL, 'h' }
 /* clang-format on */
 
+/* -l/--location LOC and -H/--host N of the commands that journal what
+ * they do (run, recover): the journal's location and the host index its
+ * events carry. */
+/* clang-format off */
+#define CLI_JOURNAL_OPTS \
+	{ "location", required_argument, NULL, 'l' }, \
+	{ "host", required_argument, NULL, 'H' }
+/* clang-format on */
+
 /* cli_getopt() returned this: stop and return *status. */
 #define CLI_OPT_EXIT (-2)
 
@@ -109,6 +119,17 @@ int cli_operands(int argc, int want, const char *missing);
  */
 int cli_display_args(int argc, char **argv, const char *help, int allow_step,
 		     int *json, cli_location *loc);
+/*
+ * Takes option c if it is one of CLI_JOURNAL_OPTS, for a loop over
+ * cli_getopt() to switch on: -l/--location's argument goes into
+ * *location, -H/--host's into *host, and 0 is returned; a bad --host is
+ * reported and CLI_OPT_EXIT returned with *status CLI_EXIT_USAGE; any
+ * other c is returned as it is.
+ */
+int cli_journal_opt(int c, const char *arg, const char **location,
+		    uint32_t *host, int *status);
+/* --host N: a decimal below 2^32; 0 or CLI_EXIT_USAGE ("bad --host"). */
+int cli_parse_host(const char *arg, uint32_t *host);
 /* Strict unsigned decimal, optionally with K/M/G (KiB/MiB/GiB) suffix. */
 int cli_parse_u64(const char *s, uint64_t *out, int allow_suffix);
 

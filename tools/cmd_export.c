@@ -6,7 +6,8 @@
  * renamed, so a reader never sees a partial file. Memory stays bounded:
  * a tensor larger than EXPORT_PIECE is read as boxes of whole inner rows.
  *
- *   ckpt_read / ckpt_read_slice --> buf (<= piece) --> write(FILE.tmp)
+ *   ckpt_read_batch (runs of small tensors) / ckpt_read_slice (boxes)
+ *       --> buf (<= piece) --> write(FILE.tmp)
  *                                                  --> rename(FILE)
  */
 #include <errno.h>
@@ -72,6 +73,8 @@ typedef struct export_ctx {
 	const char *tmp;
 	uint8_t *buf;
 	size_t cap;
+	ckpt_read_req *reqs; /* export_group's batch */
+	size_t nreqs;
 	uint64_t done, total;
 	uint64_t piece; /* largest read; EXPORT_PIECE unless testing */
 	cli_progress *p;
@@ -93,6 +96,22 @@ static int ensure_cap(export_ctx *x, uint64_t n)
 	return 0;
 }
 
+static int ensure_reqs(export_ctx *x, size_t n)
+{
+	void *nr;
+
+	if (n <= x->nreqs)
+		return 0;
+	nr = realloc(x->reqs, n * sizeof(*x->reqs));
+	if (!nr) {
+		cli_err("out of memory");
+		return -1;
+	}
+	x->reqs = nr;
+	x->nreqs = n;
+	return 0;
+}
+
 static int export_write(export_ctx *x, uint64_t n)
 {
 	int rc = write_all(x->fd, x->buf, n);
@@ -107,6 +126,47 @@ static int export_write(export_ctx *x, uint64_t n)
 		return -1;
 	}
 	return 0;
+}
+
+/*
+ * Reads tensors [i, *next) (consecutive in the output, each at most a
+ * piece, together at most a piece) with one ckpt_read_batch into x->buf at
+ * their offsets in the output, then writes them with one write. One batch
+ * reads each stored chunk once and keeps reads in file order and in
+ * flight, where a ckpt_read per small tensor would reread (and decode) the
+ * chunk the tensor shares with its neighbours, one round trip each.
+ */
+static int export_group(export_ctx *x, const ckpt_tensor_info *ti, size_t i,
+			size_t count, size_t *next)
+{
+	uint64_t sum = 0;
+	size_t n = 0;
+	int rc;
+
+	while (i + n < count && ti[i + n].nbytes > 0 &&
+	       ti[i + n].nbytes <= x->piece - sum) {
+		sum += ti[i + n].nbytes;
+		n++;
+	}
+	*next = i + n;
+	if (n == 0)
+		return 0;
+	if (ensure_cap(x, sum) || ensure_reqs(x, n))
+		return -1;
+	sum = 0;
+	for (size_t k = 0; k < n; k++) {
+		memset(&x->reqs[k], 0, sizeof(x->reqs[k]));
+		x->reqs[k].name = ti[i + k].name;
+		x->reqs[k].dst = x->buf + sum;
+		x->reqs[k].dst_bytes = ti[i + k].nbytes;
+		sum += ti[i + k].nbytes;
+	}
+	rc = ckpt_read_batch(x->r, x->reqs, n);
+	if (rc) {
+		cli_err("%s", cli_libmsg(ckpt_reader_errmsg(x->r), rc));
+		return -1;
+	}
+	return export_write(x, sum);
 }
 
 /*
@@ -330,9 +390,12 @@ static int cmd_export(int argc, char **argv)
 	cli_progress_init(&p, "export");
 	have_progress = 1;
 	x.p = &p;
-	for (size_t i = 0; i < count; i++)
-		if (export_tensor(&x, &infos[i]))
+	for (size_t i = 0, next; i < count; i = next) {
+		if (export_group(&x, infos, i, count, &next))
 			goto out;
+		if (next == i && export_tensor(&x, &infos[next++]))
+			goto out;
+	}
 	cli_progress_end(&p);
 	have_progress = 0;
 	if (fsync(x.fd) < 0 || close(x.fd) < 0) {
@@ -372,6 +435,7 @@ out:
 	if (ret && tmp)
 		unlink(tmp);
 	free(x.buf);
+	free(x.reqs);
 	free(tmp);
 	free(hdr);
 	free(src);

@@ -2,14 +2,19 @@
  * cmd_import.c - ckptctl import: save a safetensors file as a step.
  *
  * Design note: the file is mapped and fully validated (safetensors.c)
- * before anything is saved; its tensors then go to ckpt_save() straight
- * from the mapping, and ckpt_wait() commits. On a terminal a thread polls
+ * before anything is saved; its tensors then go to ckpt_save_ex() straight
+ * from the mapping in borrow mode (CKPT_SAVE_BORROW: the workers encode
+ * from the read-only mapping, nothing is copied into the staging pool
+ * first), and ckpt_wait() commits. The pool then only holds encoded
+ * output and raw chunks on their way to the disk, so it is kept small:
+ * a one-shot process pays for faulting in its whole pool at open. On a terminal a thread polls
  * ckpt_poll() for the progress line; ckpt_poll only observes, so a failure
  * is reported by ckpt_wait() whether or not the poller saw it. A save
  * cannot be cancelled, so no signal handler: an interrupted import leaves
  * uncommitted debris for gc.
  *
- *   mmap(FILE) --> st_open (validate) --> ckpt_save --> ckpt_wait (commit)
+ *   mmap(FILE) --> st_open (validate) --> ckpt_save_ex(BORROW) --> workers
+ *       encode from the mapping --> pool buffers --> disk --> ckpt_wait
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -25,8 +30,9 @@
 #include "cli.h"
 #include "safetensors.h"
 
-/* Staging pool ceiling for import. */
-#define IMPORT_POOL_MAX (256ull << 20)
+/* Staging pool ceiling for import (borrow mode: output buffers and raw
+ * chunks in flight only). */
+#define IMPORT_POOL_MAX (128ull << 20)
 
 static const char help_import[] =
 	"Usage: ckptctl import [OPTIONS] FILE.safetensors DIR[@STEP]\n"
@@ -215,8 +221,8 @@ static int cmd_import(int argc, char **argv)
 		s.level = (int32_t)level;
 	if (chunk)
 		s.chunk_bytes = (uint32_t)chunk;
-	/* A pool as big as the data (up to IMPORT_POOL_MAX) lets the copy run
-	 * ahead of the writer; small files do not need the default 512 MiB. */
+	/* A pool as big as the data (up to IMPORT_POOL_MAX) keeps the disk
+	 * busy; small files do not need the default 512 MiB. */
 	{
 		uint64_t cb = s.chunk_bytes ? s.chunk_bytes : (4u << 20);
 		uint64_t pool = round_up(stream, cb) + cb;
@@ -252,6 +258,7 @@ static int cmd_import(int argc, char **argv)
 	}
 	ckpt_save_opts_default(&so);
 	so.reason = reason;
+	so.flags = CKPT_SAVE_BORROW; /* the mapping is read-only anyway */
 	rc = ckpt_save_ex(h, step, ts, f.count, &so);
 	if (rc == 0)
 		rc = ckpt_wait(h);

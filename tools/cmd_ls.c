@@ -152,6 +152,9 @@ static int cmd_ls(int argc, char **argv)
 						       sizeof(t))));
 			cli_jset(o, "reason",
 				 cli_jstr(cli_reason_name(s->reason)));
+			if (s->referenced_by)
+				cli_jset(o, "referenced_by",
+					 cli_ju64(s->referenced_by));
 			cli_jset(o, "latest",
 				 json_boolean(have_latest &&
 					      s->step == latest));
@@ -183,7 +186,7 @@ static int cmd_ls(int argc, char **argv)
 			snprintf(st, sizeof(st), "%" PRIu64 "%s", s->step,
 				 have_latest && s->step == latest ? " *" : "");
 			printf("%-22s %5u %8" PRIu64
-			       " %11s %11s %8s  %-20s  %-*s%s%s\n",
+			       " %11s %11s %8s  %-20s  %-*s%s%s",
 			       st, s->host_count, s->tensor_count,
 			       cli_fmt_size(s->raw_bytes, a, sizeof(a)),
 			       cli_fmt_size(s->stored_bytes, b, sizeof(b)),
@@ -195,6 +198,10 @@ static int cmd_ls(int argc, char **argv)
 			       nup ? upload_cell(upload_of(up, nup, s->step), u,
 						 sizeof(u)) :
 				     "");
+			if (s->referenced_by) /* dedup: SPEC.md section 16 */
+				printf("  kept: referenced by %" PRIu64,
+				       s->referenced_by);
+			printf("\n");
 		}
 		printf("%zu committed step%s; * = latest\n", n,
 		       n == 1 ? "" : "s");

@@ -6,7 +6,10 @@
  * right. One child at a time, started with the environment the contract
  * of issue 7 names (CKPT_LOCATION, CKPT_RESUME_STEP = the latest committed
  * step at the location, read afresh before each start, CKPT_RESTART_COUNT,
- * CKPT_RUN_ID). Its exit decides:
+ * CKPT_RUN_ID). With --remote (a directory's Cloud Storage copy) the step
+ * is the newest of both, and CKPT_RESUME_LOCATION says where it is: a
+ * notice's save the planner sent straight to the bucket is there only,
+ * and so is everything after the node was recreated. Its exit decides:
  *   0                      done: exit 0;
  *   75 (CKPT_EXIT_RESTART) it stopped on purpose after a durable
  *                          checkpoint forced by a notice: restart, not a
@@ -18,8 +21,9 @@
  * loop never races a signal: SIGTERM/SIGINT are forwarded to the child
  * (unless the terminal sent them, which reached the child already: same
  * process group), and no restart follows; run then exits with the child's
- * status. A failed exec is reported through a close-on-exec pipe and ends
- * run at once (127): restarting cannot help.
+ * status. The child is started with posix_spawnp (run has threads: no
+ * code of ours runs between fork and exec) and an environment built
+ * before; a failed exec ends run at once (127): restarting cannot help.
  *
  * Why wait after a 75: the child stopped because the VM is about to stop
  * (maintenance-event not NONE, preempted TRUE, an upcoming window
@@ -33,7 +37,7 @@
  * Every start, exit, restart, stop and give-up is one line of the event
  * journal at the location (ckpt_event_append, source "run").
  *
- *   run --fork/exec--> child (env) --exit--> decide --> journal --> again
+ *   run --posix_spawnp--> child (env) --exit--> decide --> journal --> again
  *    ^-- signalfd: SIGCHLD, SIGTERM/SIGINT (forwarded)
  */
 #include <errno.h>
@@ -41,6 +45,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,8 +72,12 @@ static const char help_run[] =
 	"Run a training command until it exits 0, restarting it after a failure\n"
 	"or after it stopped on purpose behind a checkpoint. Each start gets:\n"
 	"  CKPT_LOCATION       the --location argument (unset without one)\n"
-	"  CKPT_RESUME_STEP    the latest committed step there, empty if none\n"
-	"                      (read again before every start)\n"
+	"  CKPT_REMOTE         the --remote argument (unset without one)\n"
+	"  CKPT_RESUME_STEP    the latest committed step there (with --remote,\n"
+	"                      the newer of both), empty if none (read again\n"
+	"                      before every start)\n"
+	"  CKPT_RESUME_LOCATION where that step is committed: the location, or\n"
+	"                      the remote when it is newer there\n"
 	"  CKPT_RESTART_COUNT  0 for the first start, then 1, 2, ...\n"
 	"  CKPT_RUN_ID         one id for all starts of this run (kept from the\n"
 	"                      environment if already set)\n"
@@ -93,6 +102,8 @@ static const char help_run[] =
 	"  -n, --max-restarts N     give up after N failures (default 10)\n"
 	"  -b, --backoff MIN[,MAX]  seconds (default 1,60)\n"
 	"  -l, --location LOC       checkpoint location (DIR or gs://BUCKET/PREFIX)\n"
+	"  -r, --remote gs://B/P    the Cloud Storage copy of a DIR location\n"
+	"                           (ckpt_settings.remote)\n"
 	"  -H, --host N             this host's index, for the journal (default 0)\n"
 	"  -u, --upcoming-poll MS   how often run's own watcher asks\n"
 	"                           instance/upcoming-maintenance (default 60000)\n"
@@ -105,11 +116,13 @@ static const char help_run[] =
 	"\n"
 	"Examples:\n"
 	"  ckptctl run --location /ckpt/run1 -- python3 train.py\n"
-	"  ckptctl run -n 3 -b 5,300 -l gs://my-bucket/run1 -- ./train\n";
+	"  ckptctl run -n 3 -b 5,300 -l gs://my-bucket/run1 -- ./train\n"
+	"  ckptctl run -l /ckpt/run1 -r gs://my-bucket/run1 -- ./train\n";
 
 struct run {
 	char **cmd;
 	const char *location; /* NULL: none */
+	const char *remote;   /* NULL: none */
 	uint32_t host;
 	uint64_t max_failures;
 	double backoff_min, backoff_max;
@@ -190,32 +203,54 @@ static int parse_backoff(const char *arg, struct run *r)
 
 /* ---- the location ---- */
 
-/* The latest committed step at the location into buf ("" if none). 0, or
- * -1 after printing why. */
-static int resume_step(const struct run *r, char *buf, size_t len)
+/* The latest committed step at `loc` into *step. 1 found, 0 none, -1
+ * after printing why. */
+static int latest_at(const char *loc, uint64_t *step)
 {
 	ckpt_settings s;
 	ckpt *h = NULL;
-	uint64_t step;
 	int rc;
 
-	buf[0] = 0;
-	if (!r->location)
-		return 0;
 	ckpt_settings_default(&s);
 	s.staging_bytes = 0;
-	rc = ckpt_open(&h, r->location, &s);
+	rc = ckpt_open(&h, loc, &s);
 	if (rc) {
 		cli_err("%s", cli_libmsg(ckpt_errmsg(NULL), rc));
 		return -1;
 	}
-	rc = ckpt_latest(h, &step);
-	if (rc == 0)
-		snprintf(buf, len, "%" PRIu64, step);
-	else if (rc != CKPT_E_NOTFOUND)
+	rc = ckpt_latest(h, step);
+	if (rc && rc != CKPT_E_NOTFOUND)
 		cli_err("%s", cli_libmsg(ckpt_errmsg(h), rc));
 	ckpt_close(h);
-	return rc == 0 || rc == CKPT_E_NOTFOUND ? 0 : -1;
+	return rc == 0 ? 1 : rc == CKPT_E_NOTFOUND ? 0 : -1;
+}
+
+/* The step to resume after into buf ("" if none) and where it is
+ * committed into *where (the newer of location and remote; the location
+ * when both have it). 0, or -1 after printing why. */
+static int resume_step(const struct run *r, char *buf, size_t len,
+		       const char **where)
+{
+	uint64_t a = 0, b = 0;
+	int fa, fb = 0;
+
+	buf[0] = 0;
+	*where = r->location;
+	if (!r->location)
+		return 0;
+	fa = latest_at(r->location, &a);
+	if (fa >= 0 && r->remote)
+		fb = latest_at(r->remote, &b);
+	if (fa < 0 || fb < 0)
+		return -1;
+	if (fb && (!fa || b > a)) {
+		a = b;
+		fa = 1;
+		*where = r->remote;
+	}
+	if (fa)
+		snprintf(buf, len, "%" PRIu64, a);
+	return 0;
 }
 
 /* ---- signals ---- */
@@ -274,59 +309,89 @@ static int nap(struct run *r, double s)
 
 /* ---- the child ---- */
 
-/* In the child: the environment, the signal mask of the parent's parent,
- * exec. A failed exec writes its errno to `errpipe`. */
-static void child_exec(const struct run *r, uint64_t restart,
-		       const char *resume, int errpipe)
+/* The child's environment: this process's, with the contract's variables
+ * set (or removed when they do not apply). Built before the child is
+ * started: run has threads (its watcher, the journal), and a child of
+ * fork() in a threaded process may only make async-signal-safe calls, so
+ * no setenv() (it allocates) between fork and exec. NULL: out of memory. */
+static char **child_env(const struct run *r, uint64_t restart,
+			const char *resume, const char *where)
 {
-	char n[32];
-	int e;
+	static const char *const names[] = {
+		"CKPT_LOCATION",      "CKPT_REMOTE",	    "CKPT_RESUME_STEP",
+		"CKPT_RESUME_LOCATION", "CKPT_RESTART_COUNT", "CKPT_RUN_ID",
+	};
+	const size_t nn = sizeof(names) / sizeof(names[0]);
+	char count[32];
+	const char *vals[6];
+	size_t n = 0, k = 0;
+	char **env;
 
-	snprintf(n, sizeof(n), "%" PRIu64, restart);
-	if (r->location)
-		setenv("CKPT_LOCATION", r->location, 1);
-	else
-		unsetenv("CKPT_LOCATION");
-	setenv("CKPT_RESUME_STEP", resume, 1);
-	setenv("CKPT_RESTART_COUNT", n, 1);
-	setenv("CKPT_RUN_ID", r->run_id, 1);
-	sigprocmask(SIG_SETMASK, &r->oldmask, NULL);
-	execvp(r->cmd[0], r->cmd);
-	e = errno;
-	if (write(errpipe, &e, sizeof(e)) < 0) {
-		/* the parent sees a closed pipe and reads nothing */
+	snprintf(count, sizeof(count), "%" PRIu64, restart);
+	vals[0] = r->location;
+	vals[1] = r->remote;
+	vals[2] = resume;
+	vals[3] = *resume ? where : NULL;
+	vals[4] = count;
+	vals[5] = r->run_id;
+	while (environ && environ[n])
+		n++;
+	env = calloc(n + nn + 1, sizeof(*env));
+	if (!env)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		size_t j;
+
+		for (j = 0; j < nn; j++) {
+			size_t l = strlen(names[j]);
+
+			if (!strncmp(environ[i], names[j], l) &&
+			    environ[i][l] == '=')
+				break;
+		}
+		if (j == nn && !(env[k++] = strdup(environ[i])))
+			goto nomem;
 	}
-	_exit(127);
+	for (size_t j = 0; j < nn; j++) {
+		if (!vals[j])
+			continue;
+		if (asprintf(&env[k], "%s=%s", names[j], vals[j]) < 0)
+			goto nomem;
+		k++;
+	}
+	return env;
+nomem:
+	for (size_t i = 0; i < k; i++)
+		free(env[i]);
+	free(env);
+	return NULL;
 }
 
-/* Starts the command; returns its pid, or -errno of a failed fork/exec. */
-static pid_t start(const struct run *r, uint64_t restart, const char *resume)
+/* Starts the command with posix_spawnp (no code of ours runs in the
+ * child), the signal mask run found and the environment above; returns
+ * its pid, or -errno of a failed start or exec. */
+static pid_t start(const struct run *r, uint64_t restart, const char *resume,
+		   const char *where)
 {
-	int p[2], e = 0;
-	pid_t pid;
-	ssize_t n;
+	char **env = child_env(r, restart, resume, where);
+	posix_spawnattr_t a;
+	pid_t pid = -1;
+	int e;
 
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -errno;
-	pid = fork();
-	if (pid < 0) {
-		e = errno;
-		close(p[0]);
-		close(p[1]);
-		return -e;
-	}
-	if (pid == 0)
-		child_exec(r, restart, resume, p[1]);
-	close(p[1]);
-	do
-		n = read(p[0], &e, sizeof(e));
-	while (n < 0 && errno == EINTR);
-	close(p[0]);
-	if (n == sizeof(e)) {
-		waitpid(pid, NULL, 0);
-		return -e;
-	}
-	return pid;
+	if (!env)
+		return -ENOMEM;
+	e = posix_spawnattr_init(&a);
+	if (!e)
+		e = posix_spawnattr_setsigmask(&a, &r->oldmask);
+	if (!e)
+		e = posix_spawnattr_setflags(&a, POSIX_SPAWN_SETSIGMASK);
+	if (!e)
+		e = posix_spawnp(&pid, r->cmd[0], NULL, &a, r->cmd, env);
+	posix_spawnattr_destroy(&a);
+	for (size_t i = 0; env[i]; i++)
+		free(env[i]);
+	free(env);
+	return e ? -e : pid;
 }
 
 /* Waits for the child, forwarding signals; returns its wait status. */
@@ -466,18 +531,19 @@ static int supervise(struct run *r)
 {
 	uint64_t restarts = 0, failures = 0, streak = 0;
 	char resume[32], prev_resume[32] = "", what[64];
+	const char *where = NULL;
 	int st;
 
 	for (;;) {
 		pid_t pid;
 		json_t *f;
 
-		if (resume_step(r, resume, sizeof(resume)))
+		if (resume_step(r, resume, sizeof(resume), &where))
 			return 1;
 		if (strcmp(resume, prev_resume))
 			streak = 0; /* progress since the last start */
 		snprintf(prev_resume, sizeof(prev_resume), "%s", resume);
-		pid = start(r, restarts, resume);
+		pid = start(r, restarts, resume, where);
 		if (pid < 0) {
 			cli_err("cannot run '%s': %s", r->cmd[0],
 				strerror((int)-pid));
@@ -486,11 +552,14 @@ static int supervise(struct run *r)
 			journal(r, "give-up", f);
 			return 127;
 		}
-		cli_err("started %s (pid %d, restart %" PRIu64 ", %s%s)",
+		cli_err("started %s (pid %d, restart %" PRIu64 ", %s%s%s%s)",
 			r->cmd[0], (int)pid, restarts,
 			*resume ? "resuming after step " : "from scratch",
-			resume);
+			resume, *resume && where == r->remote ? " in " : "",
+			*resume && where == r->remote ? where : "");
 		f = cli_jcheck(json_object());
+		if (*resume && where == r->remote)
+			cli_jset(f, "from", cli_jstr(where));
 		cli_jset(f, "pid", cli_ju64((uint64_t)pid));
 		cli_jset(f, "restart", cli_ju64(restarts));
 		if (*resume)
@@ -578,8 +647,8 @@ static int cmd_run(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "max-restarts", required_argument, NULL, 'n' },
 		{ "backoff", required_argument, NULL, 'b' },
-		{ "location", required_argument, NULL, 'l' },
-		{ "host", required_argument, NULL, 'H' },
+		CLI_JOURNAL_OPTS,
+		{ "remote", required_argument, NULL, 'r' },
 		{ "upcoming-poll", required_argument, NULL, 'u' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 }
@@ -596,9 +665,9 @@ static int cmd_run(int argc, char **argv)
 	int c, st, ret;
 
 	/* "+": stop at the first operand, so CMD's options stay its own */
-	while ((c = cli_getopt(argc, argv, "+:n:b:l:H:u:h", opts, help_run,
+	while ((c = cli_getopt(argc, argv, "+:n:b:l:r:H:u:h", opts, help_run,
 			       NULL, &st)) != -1) {
-		switch (c) {
+		switch (cli_journal_opt(c, optarg, &r.location, &r.host, &st)) {
 		case 'n':
 			if (cli_parse_u64(optarg, &r.max_failures, 0))
 				return cli_usage("bad --max-restarts '%s'",
@@ -610,13 +679,8 @@ static int cmd_run(int argc, char **argv)
 						 "MIN[,MAX], MIN <= MAX)",
 						 optarg);
 			break;
-		case 'l':
-			r.location = optarg;
-			break;
-		case 'H':
-			if (cli_parse_u64(optarg, &v, 0) || v > UINT32_MAX)
-				return cli_usage("bad --host '%s'", optarg);
-			r.host = (uint32_t)v;
+		case 'r':
+			r.remote = optarg;
 			break;
 		case 'u':
 			if (cli_parse_u64(optarg, &v, 0) || !v ||
@@ -633,6 +697,10 @@ static int cmd_run(int argc, char **argv)
 		return cli_usage("missing CMD (after --)");
 	if (r.location && !*r.location)
 		return cli_usage("empty --location");
+	if (r.remote && (!r.location || strncmp(r.remote, "gs://", 5) ||
+			 !strncmp(r.location, "gs://", 5)))
+		return cli_usage("--remote gs://BUCKET/PREFIX goes with a "
+				 "directory --location");
 	r.cmd = argv + optind;
 	if (getrandom(rnd, sizeof(rnd), 0) < 0)
 		rnd[0] = (uint64_t)cli_now_ns() ^ (uint64_t)getpid() << 32;

@@ -42,8 +42,17 @@ static int index_eq(const fmt_index *a, const fmt_index *b)
 	    a->host_index != b->host_index || a->host_count != b->host_count ||
 	    a->chunk_bytes != b->chunk_bytes ||
 	    a->stream_bytes != b->stream_bytes || a->nfiles != b->nfiles ||
-	    a->ntensors != b->ntensors || a->nchunks != b->nchunks)
+	    a->ntensors != b->ntensors || a->nchunks != b->nchunks ||
+	    a->version != b->version || a->nrefs != b->nrefs)
 		return 0;
+	for (size_t i = 0; i < a->nrefs; i++)
+		if (a->refs[i].step != b->refs[i].step ||
+		    strncmp(a->refs[i].name, b->refs[i].name,
+			    sizeof(a->refs[i].name)) ||
+		    a->refs[i].size != b->refs[i].size ||
+		    a->refs[i].xxh3 != b->refs[i].xxh3 ||
+		    a->refs[i].file != b->refs[i].file)
+			return 0;
 	for (size_t i = 0; i < a->nfiles; i++)
 		if (!file_eq(&a->files[i], &b->files[i], 1))
 			return 0;
@@ -71,7 +80,8 @@ static int index_eq(const fmt_index *a, const fmt_index *b)
 		    x->raw_len != y->raw_len || x->stored_len != y->stored_len ||
 		    x->file_offset != y->file_offset ||
 		    x->stream_offset != y->stream_offset ||
-		    x->raw_xxh3 != y->raw_xxh3)
+		    x->raw_xxh3 != y->raw_xxh3 || x->h128[0] != y->h128[0] ||
+		    x->h128[1] != y->h128[1])
 			return 0;
 	}
 	return 1;
@@ -83,10 +93,14 @@ static int commit_eq(const fmt_commit *a, const fmt_commit *b)
 	    a->commit_unix_ns != b->commit_unix_ns ||
 	    a->tensor_count != b->tensor_count ||
 	    a->raw_bytes != b->raw_bytes || a->stored_bytes != b->stored_bytes ||
-	    a->nfiles != b->nfiles)
+	    a->nfiles != b->nfiles || a->version != b->version ||
+	    a->nrefs != b->nrefs)
 		return 0;
 	for (size_t i = 0; i < a->nfiles; i++)
 		if (!file_eq(&a->files[i], &b->files[i], 1))
+			return 0;
+	for (size_t i = 0; i < a->nrefs; i++)
+		if (a->refs[i] != b->refs[i])
 			return 0;
 	return 1;
 }
@@ -158,6 +172,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[256];
 	uint8_t *framed;
 	size_t flen;
+	uint32_t version = FMT_VERSION;
 
 	/* 1. the input as a whole file */
 	(void)fmt_meta_unwrap(FMT_META_INDEX, data, size, &ub, &ulen, err,
@@ -171,12 +186,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size >= FMT_META_HDR_SIZE && memcmp(data, "CKPTMETA", 8) == 0) {
 		body += FMT_META_HDR_SIZE;
 		blen -= FMT_META_HDR_SIZE;
+		/* the seed's version (2: SPEC.md section 16) */
+		version = fmt_get_u32(data + 8);
+		if (version == 0 || version > FMT_VERSION_MAX)
+			version = FMT_VERSION;
 	}
-	if (fmt_meta_wrap(FMT_META_INDEX, body, blen, &framed, &flen) == 0) {
+	if (fmt_meta_wrap_v(FMT_META_INDEX, version, body, blen, &framed,
+			    &flen) == 0) {
 		index_roundtrip(framed, flen);
 		free(framed);
 	}
-	if (fmt_meta_wrap(FMT_META_COMMIT, body, blen, &framed, &flen) == 0) {
+	if (fmt_meta_wrap_v(FMT_META_COMMIT, version, body, blen, &framed,
+			    &flen) == 0) {
 		commit_roundtrip(framed, flen);
 		free(framed);
 	}

@@ -111,6 +111,10 @@ Fault injection, storage-testbench's retry-test interface:
   byte under a true x-goog-hash, a truncated body, garbage JSON, an
   endless list, a 308 claiming unsent bytes, a session URI on another
   host), for matching objects only; see fake_gcs_hostile.py.
+- FAKE lost replies (POST /_fake/lost_reply {"bucket", "name", "times"}):
+  the request completing an upload to that object stores it, then the
+  connection is reset instead of answering, `times` times; see
+  gcs_faults.py.
 
 Not implemented: ACLs/IAM, object versioning (noncurrent generations),
 XML API, batch requests, gRPC, signed URLs, retention/holds, CSEK/KMS,
@@ -134,7 +138,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fake_gcs_hostile  # noqa: E402
-from gcs_faults import RandomFaults, RetryTests  # noqa: E402
+from gcs_faults import LostReplies, RandomFaults, RetryTests  # noqa: E402
 from gcs_hash import Hasher, b64_crc  # noqa: E402
 from gcs_store import GcsError, Store, bad_request  # noqa: E402
 from gcs_upload import PIECE, UploadMixin  # noqa: E402
@@ -360,6 +364,14 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
         f.fire()
         self.server.stats.fault(f.label)
 
+    def lost_reply(self, bucket, name):
+        """An upload was just stored: reset instead of answering, if a
+        lost-reply rule says so."""
+        f = self.server.lost.take(bucket, name)
+        if f is not None:
+            self.fire(f)
+            self.reset()
+
     def injected(self, code):
         reasons = {400: "invalid", 401: "required", 403: "forbidden",
                    404: "notFound", 408: "requestTimeout",
@@ -481,6 +493,8 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
             return True
         if p == "/_fake/hostile":
             return fake_gcs_hostile.control(self, m)
+        if p == "/_fake/lost_reply":
+            return self.control_lost_reply(m)
         if p == "/retry_tests" and m == "GET":
             self.send_json(200, {"retry_test": srv.retry.list()})
             return True
@@ -516,6 +530,26 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
                                        "text/plain")],
                                 ("Deleted %s" % tid).encode())
                 return True
+        return False
+
+    def control_lost_reply(self, m):
+        lost = self.server.lost
+        if m == "POST":
+            try:
+                r = lost.arm(json.loads(self.body.read_all() or b"{}"))
+            except ValueError as e:
+                self.send_bytes(400, [("Content-Type", "text/plain")],
+                                str(e).encode())
+                return True
+            self.send_json(200, r)
+            return True
+        if m == "GET":
+            self.send_json(200, {"rules": lost.view()})
+            return True
+        if m == "DELETE":
+            lost.clear()
+            self.send_empty(204)
+            return True
         return False
 
     # ---------- routing ----------
@@ -815,6 +849,7 @@ def main():
     srv.random = RandomFaults(a.fault_rate, a.fault_seed) \
             if a.fault_rate > 0 else None
     srv.stats = Stats()
+    srv.lost = LostReplies()
     srv.hostile = fake_gcs_hostile.Rules()
     srv.split_hash = a.hash_headers == "split"
     for b in a.bucket:

@@ -24,6 +24,19 @@ Two sources, both producing a Fault that the HTTP handler carries out:
    with probability P, picking uniformly among 503, 429, reset, broken
    stream and stall (a stall is 1-3 s, then the request is served).
    Counts are reported by GET /_fake/stats.
+
+3. Lost replies (test-only extension, not in the testbench): the request
+   that completes an upload to one object (a media or multipart insert,
+   or a resumable session's final piece) is carried out, the object is
+   stored, and then the connection is reset instead of answering; the
+   client cannot tell whether the write landed. Armed per object name,
+   for `times` requests, with no header on the requests (so it reaches
+   clients that do not send x-retry-test-id):
+     POST /_fake/lost_reply {"bucket": B, "name": N, "times": K}
+     GET /_fake/lost_reply -> {"rules": [{"bucket", "name", "times",
+                                          "fired"}]}
+     DELETE /_fake/lost_reply -> every rule removed
+   Each reset is counted in GET /_fake/stats as the fault "lost-reply".
 """
 
 import random
@@ -194,3 +207,47 @@ class RandomFaults:
                          label="random-broken")
         return Fault("stall", seconds=secs, after=int(frac * (1 << 20)),
                      label="random-stall")
+
+
+class LostReplies:
+    """Lost-reply rules: store the upload, then reset (see above)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.rules = []
+
+    def arm(self, req):
+        """Add the rule of a POST body; ValueError when malformed."""
+        if not isinstance(req, dict):
+            raise ValueError("expected a JSON object")
+        bucket, name = req.get("bucket"), req.get("name")
+        times = req.get("times", 1)
+        if not isinstance(bucket, str) or not isinstance(name, str) or \
+           not bucket or not name:
+            raise ValueError("bucket and name are required strings")
+        if not isinstance(times, int) or times < 1:
+            raise ValueError("times must be a positive integer")
+        rule = {"bucket": bucket, "name": name, "times": times,
+                "fired": 0}
+        with self.lock:
+            self.rules.append(rule)
+        return dict(rule)
+
+    def view(self):
+        with self.lock:
+            return [dict(r) for r in self.rules]
+
+    def clear(self):
+        with self.lock:
+            self.rules = []
+
+    def take(self, bucket, name):
+        """A reset Fault for the upload just stored, or None (the rule
+        is used up here: the caller resets at once)."""
+        with self.lock:
+            for r in self.rules:
+                if r["bucket"] == bucket and r["name"] == name and \
+                   r["fired"] < r["times"]:
+                    r["fired"] += 1
+                    return Fault("reset", label="lost-reply")
+        return None

@@ -200,6 +200,7 @@ class UploadMixin:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        self.lost_reply(bucket, name)
         self.send_json(200, obj.resource(self.base()))
 
     def receive_multipart(self, tmp):
@@ -416,6 +417,7 @@ class UploadMixin:
             raise
         up.state = "done"
         up.result = obj
+        self.lost_reply(up.bucket, up.name)
         self.send_json(200, obj.resource(self.base()),
                        [("X-GUploader-UploadID", up.id)])
 

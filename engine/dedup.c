@@ -1,0 +1,203 @@
+/*
+ * dedup.c - unchanged chunks are neither rewritten nor re-uploaded
+ * (SPEC.md section 16, format version 2).
+ *
+ * Design note. Granularity is the chunk. When the layout of a host's
+ * stream does not change between saves (same tensors in the same order:
+ * fine-tuning), a frozen tensor's chunks have the same stream offset,
+ * raw_len and raw bytes as in the previous step. A deduplicating save
+ * compares each new chunk with the chunk of the same index in its *base*,
+ * the newest committed step of the root older than the one being saved
+ * (read from disk when the save starts, so a restart dedups against what
+ * the previous process committed):
+ *
+ *   caller (save.c)  eng_dedup_begin: base = newest committed step's
+ *                    index of this host, if it is version 2
+ *   worker (encode)  eng_dedup_match: XXH3-64 (already computed) and the
+ *                    seeded XXH3-128 of the raw bytes against the base's
+ *                    chunk k; both equal (and offset, raw_len): the chunk
+ *                    is marked `reuse` and skips the codec
+ *   writer           eng_dedup_ref: the index entry of a reused chunk is
+ *                    the base's (its file turned into a ref; a base
+ *                    chunk that is itself a ref stays a ref to the same
+ *                    file: no chains); the buffer goes to no sink, so it
+ *                    is neither written nor uploaded
+ *
+ * Safety. Only a save whose every destination holds the base may refer to
+ * it: here that is a plain directory (no remote, no gs:// root, no
+ * secondary sink), so a directory with a remote or a gs:// root writes in
+ * full. Retention and gc keep every step a kept step refers to (gc.c). A
+ * base that cannot be read, is version 1 or has another chunk size or
+ * host layout simply means no dedup for this save.
+ *
+ * Uses root.c and io.c (reading the base) and format/; called by save.c,
+ * encode.c and writer.c, which never call each other.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "save_internal.h"
+
+int eng_dedup_enabled(const struct ckpt *c)
+{
+	return c->dedup && !c->remote_only && !c->remote_url && c->nsinks == 1;
+}
+
+/* The index of this host in the newest committed step below `step`. */
+static int load_base(struct ckpt *c, uint64_t step, fmt_index *ix)
+{
+	char err[ENG_ERRMSG_MAX], iname[32], dname[32];
+	const fmt_file_entry *ie = NULL;
+	fmt_commit cm;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	uint64_t p;
+	int r;
+
+	r = eng_resolve_latest(c->root, &p, err);
+	if (r < 0 || p >= step)
+		return -ENOENT;
+	r = eng_load_commit(c->root, p, &cm, err);
+	if (r < 0)
+		return r;
+	fmt_index_name(c->s.host_index, iname);
+	for (size_t i = 0; i < cm.nfiles; i++)
+		if (strcmp(cm.files[i].name, iname) == 0)
+			ie = &cm.files[i];
+	r = -ENOENT;
+	fmt_step_dirname(p, dname);
+	if (ie && cm.host_count == c->s.host_count)
+		r = eng_get_doc(c->root, dname, iname, ie->size, &buf, &len,
+				err);
+	if (r == 0 && (len != ie->size || fmt_xxh3(buf, len) != ie->xxh3))
+		r = CKPT_E_CORRUPT;
+	if (r == 0)
+		r = fmt_index_decode(buf, len, ix, err, sizeof(err));
+	free(buf);
+	fmt_commit_free(&cm);
+	if (r == 0 && (ix->version < FMT_VERSION_DEDUP || ix->step != p ||
+		       ix->host_index != c->s.host_index)) {
+		fmt_index_free(ix);
+		r = -ENOENT;
+	}
+	return r;
+}
+
+/* Every file the base holds or refers to is there with its size: a base
+ * whose bytes are (partly) gone would make this save uncommittable. */
+static int base_intact(const struct ckpt *c, const fmt_index *ix)
+{
+	for (size_t i = 0; i < ix->nfiles + ix->nrefs; i++) {
+		int own = i < ix->nfiles;
+		const char *name = own ? ix->files[i].name :
+					 ix->refs[i - ix->nfiles].name;
+		uint64_t size = own ? ix->files[i].size :
+				      ix->refs[i - ix->nfiles].size;
+		char dname[32], *p;
+		struct stat st;
+		int ok;
+
+		fmt_step_dirname(own ? ix->step : ix->refs[i - ix->nfiles].step,
+				 dname);
+		p = eng_path("%s/%s/%s", c->root, dname, name);
+		ok = p && stat(p, &st) == 0 && (uint64_t)st.st_size == size;
+		free(p);
+		if (!ok)
+			return 0;
+	}
+	return 1;
+}
+
+void eng_dedup_begin(struct ckpt *c, eng_job *job)
+{
+	fmt_index *ix;
+
+	if (!eng_dedup_enabled(c) || job->to_remote)
+		return;
+	job->version = FMT_VERSION_DEDUP;
+	ix = calloc(1, sizeof(*ix));
+	if (!ix)
+		return;
+	/* a base with too many files could give this step more refs than
+	 * an index may hold: then this save is written in full (and the
+	 * next one starts a fresh chain) */
+	if (load_base(c, job->step, ix) < 0 ||
+	    ix->chunk_bytes != job->chunk_bytes ||
+	    ix->nfiles + ix->nrefs > FMT_MAX_REFS || !base_intact(c, ix)) {
+		fmt_index_free(ix);
+		free(ix);
+		return;
+	}
+	job->base = ix;
+}
+
+void eng_dedup_end(eng_job *job)
+{
+	if (job->base)
+		fmt_index_free(job->base);
+	free(job->base);
+	job->base = NULL;
+	free(job->refs);
+	job->refs = NULL;
+	free(job->ref_of);
+	job->ref_of = NULL;
+}
+
+int eng_dedup_match(const eng_job *job, eng_buf *b, const uint8_t *raw)
+{
+	const fmt_chunk_entry *bc;
+
+	b->reuse = 0;
+	if (job->version < FMT_VERSION_DEDUP) {
+		b->raw_xxh3 = fmt_xxh3(raw, b->raw_len);
+		return 0;
+	}
+	b->raw_xxh3 = fmt_xxh3_pair(raw, b->raw_len, b->h128);
+	if (!job->base || b->k >= job->base->nchunks)
+		return 0;
+	bc = &job->base->chunks[b->k];
+	b->reuse = bc->stream_offset == b->k * job->chunk_bytes &&
+		   bc->raw_len == b->raw_len && bc->raw_xxh3 == b->raw_xxh3 &&
+		   bc->h128[0] == b->h128[0] && bc->h128[1] == b->h128[1];
+	return b->reuse;
+}
+
+int eng_dedup_ref(eng_job *job, uint64_t k, fmt_chunk_entry *ce)
+{
+	const fmt_index *bx = job->base;
+	const fmt_chunk_entry *bc = &bx->chunks[k];
+	size_t nb = bx->nfiles + bx->nrefs;
+	uint32_t j;
+
+	if (!job->ref_of) {
+		job->ref_of = malloc(nb * sizeof(*job->ref_of));
+		job->refs = calloc(nb, sizeof(*job->refs));
+		if (!job->ref_of || !job->refs)
+			return -ENOMEM;
+		memset(job->ref_of, 0xff, nb * sizeof(*job->ref_of));
+	}
+	if (bc->file >= nb)
+		return CKPT_E_CORRUPT; /* fmt_index_decode rules it out */
+	j = job->ref_of[bc->file];
+	if (j == UINT32_MAX) {
+		fmt_ref_entry *re = &job->refs[job->nrefs];
+
+		if (bc->file < bx->nfiles) {
+			const fmt_file_entry *fe = &bx->files[bc->file];
+
+			re->step = bx->step;
+			memcpy(re->name, fe->name, sizeof(re->name));
+			re->size = fe->size;
+			re->xxh3 = fe->xxh3;
+			re->file = bc->file;
+		} else { /* copying a ref copies its target */
+			*re = bx->refs[bc->file - bx->nfiles];
+		}
+		j = job->ref_of[bc->file] = (uint32_t)job->nrefs++;
+	}
+	*ce = *bc;
+	ce->file = job->nfiles + j;
+	return 0;
+}
