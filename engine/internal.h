@@ -108,8 +108,13 @@ typedef struct eng_reader_io_stats {
 	uint64_t pread_reads;     /* reads (or their rest) done with pread */
 	uint64_t direct_files;    /* shard files opened with O_DIRECT */
 	uint64_t uring_fallbacks; /* no ring, or a batch's ring broke */
+	uint64_t uring_stalls;    /* rings abandoned: no read came back */
 } eng_reader_io_stats;
 void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out);
+
+/* How long a reader waits with reads in its ring and none coming back
+ * before it abandons the ring (default 30000 ms; tests shorten it). */
+void eng_reader_stall_ms_set(unsigned ms);
 
 /* Installs a table for the whole process (tests only); NULL restores the
  * real one. Members left NULL fall back to the real calls. */

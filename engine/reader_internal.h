@@ -125,6 +125,8 @@ struct rd_job {
 	size_t t0, t1; /* targets: b->tmap[t0..t1) */
 	uint8_t *buf;
 	int ready, failed;
+	uint8_t in_ring; /* a read of it is in the ring */
+	uint8_t retries; /* zero-progress (EAGAIN) results in a row */
 };
 
 struct rd_batch {
@@ -204,10 +206,13 @@ struct ckpt_reader {
 	size_t nbufs, nfree, maxbufs, bufsize;
 	struct io_uring ring;
 	int ring_state; /* 0 not tried, 1 ready, -1 unusable, -2 failed
-			   with reads in flight (exit at close) */
+			   with reads in flight (exit at close), -3
+			   stalled: abandoned, pread from then on */
+	uint8_t **lost; /* buffers of reads a stalled ring never returned */
+	size_t nlost;
 	struct {        /* which paths the pipeline took (tests) */
 		atomic_ullong uring_reads, pread_reads, direct_files,
-			uring_fallbacks;
+			uring_fallbacks, uring_stalls;
 	} io_st;
 
 	/* gs:// roots: the location (its client does every ranged read, on

@@ -771,9 +771,12 @@ CKPT_API void ckpt_reader_close(ckpt_reader *r)
 		return;
 	in_child = r->pid != getpid();
 	rd_stop_workers(r, in_child);
-	if (r->ring_state == 1 || r->ring_state == -2)
+	if (r->ring_state == 1 || r->ring_state <= -2)
 		eng_uring_queue_exit(&r->ring);
 	rd_free_bufs(r);
+	/* the buffers of reads a stalled ring never returned are left to the
+	 * kernel (rd_ring_stalled): only the list goes */
+	free(r->lost);
 	rd_gcs_free(r);
 	eng_loc_close(r->loc);
 	free(r->cache);

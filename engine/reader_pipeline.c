@@ -29,6 +29,8 @@
 #include "reader_internal.h"
 
 #define RD_BUF_BUDGET (128ull << 20) /* chunk buffers per reader */
+#define RD_RETRY_MAX 3               /* EAGAIN results before a pread */
+#define RD_CANCEL_TAG UINT64_MAX     /* user_data of a cancel request */
 
 /* ------------------------------------------------------------------ */
 /* Shard files                                                        */
@@ -48,6 +50,15 @@ void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out)
 	out->pread_reads = atomic_load(&r->io_st.pread_reads);
 	out->direct_files = atomic_load(&r->io_st.direct_files);
 	out->uring_fallbacks = atomic_load(&r->io_st.uring_fallbacks);
+	out->uring_stalls = atomic_load(&r->io_st.uring_stalls);
+}
+
+/* See rd_ring_stalled. */
+static atomic_uint stall_ms = 30000;
+
+void eng_reader_stall_ms_set(unsigned ms)
+{
+	atomic_store(&stall_ms, ms ? ms : 30000);
 }
 
 static void rd_close_idle(ckpt_reader *r, size_t keep)
@@ -476,10 +487,13 @@ static int rd_submit(ckpt_reader *r, struct rd_job *j, size_t idx)
 			   (unsigned)(j->len - j->done), j->off + j->done);
 	io_uring_sqe_set_data64(sqe, (uint64_t)idx);
 	do
-		rc = io_uring_submit(&r->ring);
+		rc = eng_uring_submit(&r->ring);
 	while (rc == -EINTR);
 	if (rc < 0)
 		return rc;
+	if (rc == 0) /* not taken: no completion will come for it */
+		return -EAGAIN;
+	j->in_ring = 1;
 	f->inflight++;
 	rd_count(&r->io_st.uring_reads, 1);
 	return 0;
@@ -500,6 +514,7 @@ static void rd_reap_one(ckpt_reader *r, struct rd_batch *b,
 	j = &b->jobs[idx];
 	f = &r->files[j->file];
 	f->inflight--;
+	j->in_ring = 0;
 	want = j->len - j->done;
 	res = eng_filter_read(f->fd, j->off + j->done, (size_t)want,
 			      cqe->res);
@@ -522,10 +537,13 @@ static void rd_reap_one(ckpt_reader *r, struct rd_batch *b,
 	}
 	if (res > 0)
 		j->done += (uint64_t)res;
+	j->retries = res == -EAGAIN ? (uint8_t)(j->retries + 1) : 0;
 	if (j->done < j->len) {
 		int rc;
 
+		/* a ring that keeps answering EAGAIN gets a blocking pread */
 		if (res == -EINVAL || b->ring_broken ||
+		    j->retries > RD_RETRY_MAX ||
 		    (f->direct && (j->done % FMT_ALIGN) != 0)) {
 			rc = rd_read_rest(r, j);
 		} else {
@@ -567,6 +585,121 @@ int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next)
 	return 0;
 }
 
+/*
+ * No read came back for stall_ms with reads in the ring: the kernel stopped
+ * serving them (a stuck device or driver, a kernel bug; one CI machine hung
+ * a verify this way). Waiting on would hang the restore for good, so:
+ *   1. cancel every read in the ring and collect, for up to a second,
+ *      those that come back (their buffers are ours again);
+ *   2. a read that does not come back keeps its buffer forever, out of the
+ *      pool (the kernel may still write there), and the ring is kept,
+ *      unused, until ckpt_reader_close;
+ *   3. the descriptors of the files concerned are closed, and every job
+ *      that was in the ring is read again from its start of the chunk
+ *      with pread on a fresh descriptor; the reader uses pread from then on.
+ */
+static void rd_ring_stalled(ckpt_reader *r, struct rd_batch *b, size_t next,
+			    size_t *inflight)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+	int64_t until = eng_mono_ns() + 1000000000;
+	size_t lost = 0;
+
+	rd_count(&r->io_st.uring_stalls, 1);
+	if (sqe) {
+		io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+		io_uring_sqe_set_data64(sqe, RD_CANCEL_TAG);
+		(void)eng_uring_submit(&r->ring);
+	}
+	while (*inflight > 0 && eng_mono_ns() < until) {
+		struct __kernel_timespec ts = { .tv_nsec = 50000000 };
+		struct io_uring_cqe *cqe;
+		uint64_t idx;
+		int w = io_uring_wait_cqe_timeout(&r->ring, &cqe, &ts);
+
+		if (w == -ETIME || w == -EINTR)
+			continue;
+		if (w < 0)
+			break;
+		idx = io_uring_cqe_get_data64(cqe);
+		io_uring_cqe_seen(&r->ring, cqe);
+		if (idx >= b->njobs || !b->jobs[idx].in_ring)
+			continue; /* the cancel's own answer */
+		b->jobs[idx].in_ring = 0;
+		r->files[b->jobs[idx].file].inflight--;
+		(*inflight)--;
+	}
+	for (size_t i = 0; i < next; i++) {
+		struct rd_job *j = &b->jobs[i];
+		struct rd_file *f = &r->files[j->file];
+		uint8_t **keep;
+
+		if (!j->in_ring)
+			continue;
+		/* its buffer leaves the pool for good (never freed) */
+		keep = realloc(r->lost, (r->nlost + 1) * sizeof(*r->lost));
+		if (keep) {
+			r->lost = keep;
+			r->lost[r->nlost++] = j->buf;
+		}
+		pthread_mutex_lock(&r->mu);
+		for (size_t k = 0; k < r->nbufs; k++) {
+			if (r->bufs[k] == j->buf) {
+				r->bufs[k] = r->bufs[--r->nbufs];
+				break;
+			}
+		}
+		pthread_mutex_unlock(&r->mu);
+		j->buf = NULL;
+		lost++;
+		if (f->fd >= 0) {
+			eng_close(f->fd);
+			f->fd = -1;
+		}
+		f->inflight = 0;
+	}
+	*inflight = 0;
+	b->ring_broken = 1;
+	if (lost)
+		r->ring_state = -3;
+	/* read again, with pread, every job that was in the ring */
+	for (size_t i = 0; i < next; i++) {
+		struct rd_job *j = &b->jobs[i];
+		char msg[ENG_ERRMSG_MAX];
+		int fd, err;
+
+		if (j->ready || j->failed)
+			continue;
+		if (!j->buf) {
+			j->buf = rd_buf_get(r, &err);
+			if (!j->buf) {
+				rd_job_abort(r, b, j, err ? err : -ENOMEM,
+					     "reader: no buffer to read again "
+					     "after a stalled io_uring");
+				if (b->ordered)
+					rd_complete(r, b, j);
+				continue;
+			}
+		}
+		j->done = 0;
+		fd = rd_file_fd(r, j->file, msg, sizeof(msg));
+		if (fd < 0) {
+			rd_job_abort(r, b, j, fd, msg);
+			if (b->ordered)
+				rd_complete(r, b, j);
+			continue;
+		}
+		err = rd_read_rest(r, j);
+		if (err < 0) {
+			rd_io_fail(r, b, j, err);
+			if (b->ordered)
+				rd_complete(r, b, j);
+		} else {
+			rd_complete(r, b, j);
+		}
+	}
+}
+
 /* The DIR range source: io_uring reads on the fd cache (or preads when
  * the ring is unusable). Returns 1 when the ring died with reads in
  * flight. */
@@ -575,6 +708,7 @@ static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
 {
 	size_t next = 0, inflight = 0;
 	int stop, ring_dead = 0;
+	int64_t last_cqe = eng_mono_ns();
 	char msg[ENG_ERRMSG_MAX];
 
 	for (;;) {
@@ -640,9 +774,19 @@ static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
 		}
 		{
 			struct io_uring_cqe *cqe;
-			int w = io_uring_wait_cqe(&r->ring, &cqe);
+			unsigned lim = atomic_load(&stall_ms);
+			struct __kernel_timespec ts = {
+				.tv_sec = lim < 1000 ? 0 : 1,
+				.tv_nsec = lim < 1000 ? lim * 1000000L : 0,
+			};
+			int w = io_uring_wait_cqe_timeout(&r->ring, &cqe, &ts);
 
-			if (w == -EINTR || w == -EAGAIN)
+			if (w == -ETIME &&
+			    eng_mono_ns() - last_cqe >= (int64_t)lim * 1000000) {
+				rd_ring_stalled(r, b, next, &inflight);
+				continue;
+			}
+			if (w == -EINTR || w == -EAGAIN || w == -ETIME)
 				continue;
 			if (w < 0) {
 				/* the ring is unusable; in-flight reads
@@ -655,6 +799,7 @@ static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
 				ring_dead = 1;
 				break;
 			}
+			last_cqe = eng_mono_ns();
 			do {
 				rd_reap_one(r, b, cqe, &inflight);
 				io_uring_cqe_seen(&r->ring, cqe);

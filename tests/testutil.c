@@ -649,6 +649,18 @@ int tu_check_root(const char *root, uint64_t step, const tu_set *s,
 	}
 	rc = tu_check_set(r, s, why, whylen);
 out:
+	{
+		/* a ring the reader had to abandon is recovered from, but
+		 * the log should say so (test_reader_ring.c) */
+		eng_reader_io_stats st;
+
+		eng_reader_io_stats_get(r, &st);
+		if (st.uring_stalls)
+			fprintf(stderr, "note: %s step %llu: the reader's "
+				"io_uring stalled %llu time(s); read again "
+				"with pread\n", root, (unsigned long long)step,
+				(unsigned long long)st.uring_stalls);
+	}
 	ckpt_reader_close(r);
 	return rc;
 }

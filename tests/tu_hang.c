@@ -6,7 +6,8 @@
  * when rerun. tu_watchdog_arm starts a small shell, in its own process
  * group, that sleeps for the budget and then prints every thread's stack
  * of this process and of its descendants (gdb -batch, if installed) to
- * stderr before the test is killed; tu_watchdog_disarm stops it.
+ * stderr, then aborts the process (the test fails at once instead of
+ * waiting for meson's timeout); tu_watchdog_disarm stops it.
  * tu_dump_stacks does the printing at once (a wait that gave up). Plain
  * POSIX + /proc; nothing here touches the engine.
  */
@@ -82,7 +83,9 @@ void tu_watchdog_arm(double seconds, const char *what)
 		 "%ssleep \"$2\" </dev/null >/dev/null 2>&1 || exit 0\n"
 		 "kill -0 \"$1\" 2>/dev/null || exit 0\n"
 		 "echo \"=== watchdog: $3 still running after $2 s\" >&2\n"
-		 "dump \"$1\" >&2\n",
+		 "dump \"$1\" >&2\n"
+		 "echo \"=== watchdog: aborting pid $1\" >&2\n"
+		 "kill -ABRT \"$1\"\n",
 		 dump_sh);
 	snprintf(p, sizeof(p), "%ld", (long)getpid());
 	snprintf(s, sizeof(s), "%.0f", seconds < 1 ? 1 : seconds);
