@@ -208,8 +208,6 @@ struct ckpt_reader {
 	int ring_state; /* 0 not tried, 1 ready, -1 unusable, -2 failed
 			   with reads in flight (exit at close), -3
 			   stalled: abandoned, pread from then on */
-	uint8_t **lost; /* buffers of reads a stalled ring never returned */
-	size_t nlost;
 	struct {        /* which paths the pipeline took (tests) */
 		atomic_ullong uring_reads, pread_reads, direct_files,
 			uring_fallbacks, uring_stalls;

@@ -774,9 +774,6 @@ CKPT_API void ckpt_reader_close(ckpt_reader *r)
 	if (r->ring_state == 1 || r->ring_state <= -2)
 		eng_uring_queue_exit(&r->ring);
 	rd_free_bufs(r);
-	/* the buffers of reads a stalled ring never returned are left to the
-	 * kernel (rd_ring_stalled): only the list goes */
-	free(r->lost);
 	rd_gcs_free(r);
 	eng_loc_close(r->loc);
 	free(r->cache);

@@ -56,6 +56,25 @@ void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out)
 /* See rd_ring_stalled. */
 static atomic_uint stall_ms = 30000;
 
+/* Buffers of reads a stalled ring never returned: the kernel may still
+ * write there, so they are kept, reachable, for the process's life. */
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t **lost_bufs;
+static size_t nlost_bufs;
+
+static void rd_keep_lost(uint8_t *buf)
+{
+	uint8_t **n;
+
+	pthread_mutex_lock(&lost_mu);
+	n = realloc(lost_bufs, (nlost_bufs + 1) * sizeof(*n));
+	if (n) {
+		lost_bufs = n;
+		lost_bufs[nlost_bufs++] = buf;
+	}
+	pthread_mutex_unlock(&lost_mu);
+}
+
 void eng_reader_stall_ms_set(unsigned ms)
 {
 	atomic_store(&stall_ms, ms ? ms : 30000);
@@ -632,16 +651,11 @@ static void rd_ring_stalled(ckpt_reader *r, struct rd_batch *b, size_t next,
 	for (size_t i = 0; i < next; i++) {
 		struct rd_job *j = &b->jobs[i];
 		struct rd_file *f = &r->files[j->file];
-		uint8_t **keep;
 
 		if (!j->in_ring)
 			continue;
 		/* its buffer leaves the pool for good (never freed) */
-		keep = realloc(r->lost, (r->nlost + 1) * sizeof(*r->lost));
-		if (keep) {
-			r->lost = keep;
-			r->lost[r->nlost++] = j->buf;
-		}
+		rd_keep_lost(j->buf);
 		pthread_mutex_lock(&r->mu);
 		for (size_t k = 0; k < r->nbufs; k++) {
 			if (r->bufs[k] == j->buf) {

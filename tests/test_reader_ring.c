@@ -8,7 +8,9 @@
  *     end of an empty pipe (off -1), so the kernel parks them until they
  *     are cancelled. The reader must notice (stall time shortened to
  *     300 ms), cancel them, read the chunks again and finish; verify
- *     (ordered) and ckpt_read (unordered), a stall in each.
+ *     (ordered) and ckpt_read (unordered), a stall in each; and a
+ *     verify whose cancel is turned into a NOP, so the reads stay parked
+ *     and their buffers must never be reused.
  *   - EAGAIN forever: every ring read comes back -EAGAIN (read_result
  *     hook); the reader must not resubmit forever but pread the chunk.
  * Without the recovery both hang (meson's timeout fails them).
@@ -29,6 +31,7 @@ static int pipe_fd[2] = { -1, -1 };
 static atomic_int stall_left; /* reads still to park in the pipe */
 static atomic_int parked;
 static atomic_int eagain_on;
+static atomic_int no_cancel; /* the reader's cancel becomes a NOP */
 static __thread int in_pread;
 
 static int h_submit(struct io_uring *ring)
@@ -37,6 +40,15 @@ static int h_submit(struct io_uring *ring)
 		struct io_uring_sqe *sqe =
 			&ring->sq.sqes[i & *ring->sq.kring_mask];
 
+		if (sqe->opcode == IORING_OP_ASYNC_CANCEL &&
+		    atomic_load(&no_cancel)) {
+			uint64_t ud = sqe->user_data;
+
+			memset(sqe, 0, sizeof(*sqe));
+			sqe->opcode = IORING_OP_NOP;
+			sqe->user_data = ud;
+			continue;
+		}
 		if (sqe->opcode != IORING_OP_READ ||
 		    atomic_load(&stall_left) <= 0)
 			continue;
@@ -113,6 +125,7 @@ static void setup(void)
 	atomic_store(&stall_left, 0);
 	atomic_store(&parked, 0);
 	atomic_store(&eagain_on, 0);
+	atomic_store(&no_cancel, 0);
 	eng_io_set(&hooks);
 }
 
@@ -124,7 +137,9 @@ static void teardown(void)
 	close(pipe_fd[1]);
 }
 
-/* _i 0: the stall hits a verify; 1: a read of every tensor */
+/* _i 0: the stall hits a verify; 1: a read of every tensor; 2: a verify,
+ * and the cancel does nothing: the parked reads never come back, so their
+ * buffers must leave the pool (the ring ends with the reader) */
 START_TEST(test_stall)
 {
 	tu_set set;
@@ -139,7 +154,8 @@ START_TEST(test_stall)
 	}
 	r = open_ring_reader(dir);
 	atomic_store(&stall_left, 3);
-	if (_i == 0) {
+	atomic_store(&no_cancel, _i == 2);
+	if (_i != 1) {
 		rc = ckpt_reader_verify(r, NULL, NULL);
 		ck_assert_msg(rc == 0, "verify after a stall: %d %s", rc,
 			      ckpt_reader_errmsg(r));
@@ -192,7 +208,7 @@ int main(void)
 	TCase *t = tcase_create("ring");
 
 	tcase_add_checked_fixture(t, setup, teardown);
-	tcase_add_loop_test(t, test_stall, 0, 2);
+	tcase_add_loop_test(t, test_stall, 0, 3);
 	tcase_add_test(t, test_eagain_forever);
 	suite_add_tcase(s, t);
 	return tu_main(s);
