@@ -604,6 +604,30 @@ int rd_wait_workers(ckpt_reader *r, struct rd_batch *b, size_t next)
 	return 0;
 }
 
+/* A job that will not be read: it fails, and an ordered batch's cursor
+ * moves past it. */
+static void rd_job_drop(ckpt_reader *r, struct rd_batch *b, struct rd_job *j,
+			int code, const char *msg)
+{
+	rd_job_abort(r, b, j, code, msg);
+	if (b->ordered)
+		rd_complete(r, b, j);
+}
+
+/* The rest of job j with pread, then complete (or fail) it. */
+static void rd_job_pread(ckpt_reader *r, struct rd_batch *b, struct rd_job *j)
+{
+	int err = rd_read_rest(r, j);
+
+	if (err < 0) {
+		rd_io_fail(r, b, j, err);
+		if (b->ordered)
+			rd_complete(r, b, j);
+	} else {
+		rd_complete(r, b, j);
+	}
+}
+
 /*
  * No read came back for stall_ms with reads in the ring: the kernel stopped
  * serving them (a stuck device or driver, a kernel bug; one CI machine hung
@@ -687,30 +711,18 @@ static void rd_ring_stalled(ckpt_reader *r, struct rd_batch *b, size_t next,
 		if (!j->buf) {
 			j->buf = rd_buf_get(r, &err);
 			if (!j->buf) {
-				rd_job_abort(r, b, j, err ? err : -ENOMEM,
-					     "reader: no buffer to read again "
-					     "after a stalled io_uring");
-				if (b->ordered)
-					rd_complete(r, b, j);
+				rd_job_drop(r, b, j, err ? err : -ENOMEM,
+					    "reader: no buffer to read again "
+					    "after a stalled io_uring");
 				continue;
 			}
 		}
 		j->done = 0;
 		fd = rd_file_fd(r, j->file, msg, sizeof(msg));
-		if (fd < 0) {
-			rd_job_abort(r, b, j, fd, msg);
-			if (b->ordered)
-				rd_complete(r, b, j);
-			continue;
-		}
-		err = rd_read_rest(r, j);
-		if (err < 0) {
-			rd_io_fail(r, b, j, err);
-			if (b->ordered)
-				rd_complete(r, b, j);
-		} else {
-			rd_complete(r, b, j);
-		}
+		if (fd < 0)
+			rd_job_drop(r, b, j, fd, msg);
+		else
+			rd_job_pread(r, b, j);
 	}
 }
 
@@ -755,9 +767,7 @@ static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
 			next++;
 			fd = rd_file_fd(r, j->file, msg, sizeof(msg));
 			if (fd < 0) {
-				rd_job_abort(r, b, j, fd, msg);
-				if (b->ordered)
-					rd_complete(r, b, j);
+				rd_job_drop(r, b, j, fd, msg);
 				continue;
 			}
 			if (use_ring && !b->ring_broken) {
@@ -769,14 +779,7 @@ static int rd_uring_run(ckpt_reader *r, struct rd_batch *b, int use_ring,
 				b->ring_broken = 1;
 				rd_count(&r->io_st.uring_fallbacks, 1);
 			}
-			err = rd_read_rest(r, j);
-			if (err < 0) {
-				rd_io_fail(r, b, j, err);
-				if (b->ordered)
-					rd_complete(r, b, j);
-			} else {
-				rd_complete(r, b, j);
-			}
+			rd_job_pread(r, b, j);
 			pthread_mutex_lock(&r->mu);
 			stop = b->stop;
 			pthread_mutex_unlock(&r->mu);
