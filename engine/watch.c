@@ -376,9 +376,9 @@ void eng_watch_sigterm_seen(struct eng_watch *w)
 	fill_advice(&a, CKPT_REASON_SIGTERM,
 		    t + (int64_t)atomic_load(&w->sigterm_window_ms) * 1000000,
 		    t, seq);
+	eng_watch_log_sigterm(w, t, a.deadline_ns); /* queued: cheap */
 	if (w->o.on_notice)
 		w->o.on_notice(w->o.arg, &a);
-	eng_watch_log_sigterm(w, t, a.deadline_ns);
 }
 
 CKPT_API int ckpt_request_save(ckpt *c, int64_t deadline_ns)

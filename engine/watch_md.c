@@ -273,11 +273,13 @@ static void accept_value(struct md *m, struct mdkey *k, const char *val)
 		eng_watch_log_change(w, ik->key, old, val, k->etag, 0, now, 0);
 		return;
 	}
-	if (slot >= 0)
-		eng_watch_raise(w, slot, now, deadline, 1);
-	/* after the notice is raised: the journal costs an fsync */
+	/* queued before the notice is raised, so that its line is ahead of
+	 * the line of the save that answers it (a restart looks for both, in
+	 * that order); the journal thread pays the fsync, not this one */
 	eng_watch_log_change(w, ik->key, old, val, k->etag, slot >= 0, now,
 			     deadline);
+	if (slot >= 0)
+		eng_watch_raise(w, slot, now, deadline, 1);
 }
 
 static void finish(struct md *m, struct mdkey *k, CURLcode res)

@@ -880,7 +880,9 @@ enum ckpt_after_save {
  * once it has seen the signal; never in the signal handler) once per new
  * notice. It must return quickly and must not call ckpt_close() on the
  * handle; ckpt_should_save(), ckpt_watch_state() and ckpt_save*() from it
- * are allowed. */
+ * are allowed. It runs after the notice is published (ckpt_should_save()
+ * reports it, ckpt_watch_fd() is readable), so that a slow callback never
+ * delays the loop: the loop may see a notice before its callback runs. */
 struct ckpt_save_advice;
 typedef void (*ckpt_notice_fn)(void *arg,
 			       const struct ckpt_save_advice *advice);
