@@ -80,36 +80,40 @@ static void check_step(const char *dir, uint64_t step)
 	tu_set_free(&set);
 }
 
-static void load_index(const char *dir, uint64_t step, fmt_index *ix)
+/* the bytes of file `name` of step's directory (the caller frees them) */
+static uint8_t *step_file(const char *dir, uint64_t step, const char *name,
+			  size_t *len)
 {
 	char *sd = tu_step_dir(dir, step);
-	char *p = tu_path("%s/h00000.index", sd);
-	char err[512];
+	char *p = tu_path("%s/%s", sd, name);
 	uint8_t *buf;
-	size_t len;
 
-	ck_assert_int_eq(tu_read_file(p, &buf, &len), 0);
+	ck_assert_msg(tu_read_file(p, &buf, len) == 0, "cannot read %s", p);
+	free(p);
+	free(sd);
+	return buf;
+}
+
+static void load_index(const char *dir, uint64_t step, fmt_index *ix)
+{
+	char err[512];
+	size_t len;
+	uint8_t *buf = step_file(dir, step, "h00000.index", &len);
+
 	ck_assert_msg(fmt_index_decode(buf, len, ix, err, sizeof(err)) == 0,
 		      "%s", err);
 	free(buf);
-	free(p);
-	free(sd);
 }
 
 static void load_commit(const char *dir, uint64_t step, fmt_commit *cm)
 {
-	char *sd = tu_step_dir(dir, step);
-	char *p = tu_path("%s/COMMIT", sd);
 	char err[512];
-	uint8_t *buf;
 	size_t len;
+	uint8_t *buf = step_file(dir, step, "COMMIT", &len);
 
-	ck_assert_int_eq(tu_read_file(p, &buf, &len), 0);
 	ck_assert_msg(fmt_commit_decode(buf, len, cm, err, sizeof(err)) == 0,
 		      "%s", err);
 	free(buf);
-	free(p);
-	free(sd);
 }
 
 /* chunks of step's index that refer to older files */
