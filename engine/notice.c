@@ -296,8 +296,10 @@ void eng_watch_save_log(struct ckpt *c)
 			json_real((double)(n.deadline_ns - n.done_ns) / 1e9));
 	}
 	eng_event_log(c, o);
-	if (n.status)
+	if (n.status) {
+		eng_events_drain(c); /* written before ckpt_wait() returns */
 		return;
+	}
 	policy = atomic_load(&w->after_save);
 	o = json_object();
 	json_object_set_new(o, "source", json_string(source));

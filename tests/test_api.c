@@ -433,11 +433,15 @@ static atomic_int gate_enabled;
 static atomic_int fail_armed;
 static atomic_int fail_fired;
 
+/* how long a wait for the engine's threads may take before it is a
+ * failure (never a measure) */
+#define PATIENCE_S 20
+
 static void gate_wait(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 20; /* never deadlock the suite */
+	ts.tv_sec += PATIENCE_S; /* never deadlock the suite */
 	pthread_mutex_lock(&gate_mu);
 	while (!gate_open)
 		if (pthread_cond_timedwait(&gate_cv, &gate_mu, &ts))
@@ -716,17 +720,24 @@ START_TEST(test_failed_save_previous)
 	int rc = tu_save_async(c, 1, &set);
 	ck_assert_msg(rc == 0, "save: %d (%s)", rc, ckpt_errmsg(c));
 	gate_release();
-	/* wait for the background failure without collecting it */
-	for (int i = 0; i < 2000 && !atomic_load(&fail_fired); i++)
+	/* wait for the background failure without collecting it: the armed
+	 * write runs when the writer gets to it, however slow the machine
+	 * (the hook must still be in place then) */
+	double t0 = tu_now_s();
+	while (!atomic_load(&fail_fired)) {
+		ck_assert_msg(tu_now_s() - t0 < PATIENCE_S,
+			      "the failing write never ran");
 		usleep(1000);
+	}
 	eng_io_set(NULL);
 	atomic_store(&fail_armed, 0);
-	int tries = 0;
+	/* BUSY while the writer cleans up after the failure */
+	t0 = tu_now_s();
 	do {
 		rc = ckpt_save(c, 2, &t, 1);
 		if (rc == CKPT_E_BUSY)
 			usleep(2000);
-	} while (rc == CKPT_E_BUSY && ++tries < 5000);
+	} while (rc == CKPT_E_BUSY && tu_now_s() - t0 < PATIENCE_S);
 	ck_assert_msg(rc == CKPT_E_PREVIOUS, "next save: %d (%s)", rc,
 		      ckpt_strerror(rc));
 	const char *m = ckpt_errmsg(c);

@@ -487,6 +487,59 @@ START_TEST(test_continue_policy)
 }
 END_TEST
 
+/* Fails the tensor's chunk (8 KiB), not the journal's lines. */
+static long enospc_write(int fd, uint64_t off, size_t len, long res)
+{
+	(void)fd;
+	(void)off;
+	return res > 0 && len >= 8192 ? -ENOSPC : res;
+}
+
+/* A notice's save that fails: its journal line (with the error) is
+ * written when ckpt_wait() returns, as a successful one's is; the journal
+ * thread writes the lines, so the writer waits for it. */
+START_TEST(test_failed_save_journal)
+{
+	static const eng_io io = { .write_result = enospc_write };
+	static uint8_t data[8192];
+	uint64_t shape[1] = { sizeof(data) };
+	ckpt_tensor t = { .name = "w",
+			  .dtype = CKPT_U8,
+			  .ndim = 1,
+			  .shape = shape,
+			  .data = data,
+			  .nbytes = sizeof(data) };
+	const char *dir = tu_tmpdir();
+	ckpt *c = open_at(dir, NULL);
+	ckpt_save_advice a;
+	ckpt_save_opts so;
+	struct lines L = { 0 };
+	json_t *o;
+	int rc;
+
+	watch_no_md(c, CKPT_AFTER_STOP);
+	ck_assert_int_eq(ckpt_request_save(c, unix_ns() + 600000000000LL), 0);
+	ck_assert_int_eq(ckpt_should_save(c, 3, &a), 1);
+	ckpt_save_opts_default(&so);
+	so.reason = a.reason;
+	so.codec = CKPT_CODEC_NONE; /* the chunk is 8 KiB */
+	eng_io_set(&io);
+	rc = ckpt_save_ex(c, 3, &t, 1, &so);
+	if (rc == 0)
+		rc = ckpt_wait(c);
+	eng_io_set(NULL);
+	ck_assert_int_eq(rc, -ENOSPC);
+	/* read before ckpt_close (which waits for the journal thread) */
+	ck_assert_int_eq(ckpt_events_read(dir, collect, &L), 0);
+	o = find_action(&L, "save", 3);
+	ck_assert_msg(o != NULL, "no journal line for the failed save");
+	ck_assert_str_eq(str(o, "error"), ckpt_strerror(-ENOSPC));
+	ck_assert_int_eq(ckpt_should_stop(c), 0);
+	lines_free(&L);
+	ck_assert_int_eq(ckpt_close(c), 0);
+}
+END_TEST
+
 /* A directory with a remote: the notice's journal lines reach the bucket
  * (the rate limit leaves the last ones to ckpt_close). */
 START_TEST(test_journal_remote)
@@ -1089,6 +1142,7 @@ int main(void)
 	tc = tu_tcase("policy", 120);
 	tcase_add_test(tc, test_stop_policy);
 	tcase_add_test(tc, test_continue_policy);
+	tcase_add_test(tc, test_failed_save_journal);
 	suite_add_tcase(s, tc);
 	tc = tu_tcase("plan", 120);
 	tcase_add_loop_test(tc, test_plan_codec, 0, 3);

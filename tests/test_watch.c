@@ -502,7 +502,12 @@ START_TEST(test_restart_answered)
 	md_start(&s, NULL, NULL);
 	c = open_handle();
 	fast_opts(&o);
-	o.maintenance_window_ms = 3000;
+	/* The restart must come before deadline - (save_s * 1.25 + 50 ms),
+	 * else no save fits and none is asked for. The first save's fsyncs
+	 * on a loaded disk can take a second or more (so can a slow
+	 * machine's restart), and the restart comes after that save: 10 s
+	 * leaves room for a save of 3 s, 3 s (as before) for one of 1.1 s. */
+	o.maintenance_window_ms = 10000;
 	o.on_notice = slow_notice;
 	ck_assert_int_eq(ckpt_watch_start(c, &o), 0);
 	md_wait_polls(&s, ME, 1);
