@@ -309,8 +309,9 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 	need = fmt_align_up(need ? need : FMT_ALIGN, FMT_ALIGN);
 	if (need > r->bufsize) {
 		size_t maxb = 2 * (size_t)r->qd, lim;
+		uint8_t **bufs, **freeb;
+		size_t *queue;
 
-		rd_free_bufs(r);
 		lim = (size_t)(RD_BUF_BUDGET / need);
 		if (lim < r->threads + 1u)
 			lim = r->threads + 1u;
@@ -320,16 +321,26 @@ static int rd_prepare(ckpt_reader *r, uint64_t need)
 			maxb = lim;
 		if (maxb < 2)
 			maxb = 2;
-		r->bufs = calloc(maxb, sizeof(*r->bufs));
-		r->freeb = calloc(maxb, sizeof(*r->freeb));
-		r->queue = calloc(maxb, sizeof(*r->queue));
-		if (!r->bufs || !r->freeb || !r->queue) {
-			rd_free_bufs(r);
+		bufs = calloc(maxb, sizeof(*bufs));
+		freeb = calloc(maxb, sizeof(*freeb));
+		queue = calloc(maxb, sizeof(*queue));
+		if (!bufs || !freeb || !queue) {
+			free(bufs);
+			free(freeb);
+			free(queue);
 			return -ENOMEM;
 		}
+		/* Workers from an earlier batch are idle but wake (spuriously
+		 * too) and read the queue under r->mu: swap it under r->mu. */
+		pthread_mutex_lock(&r->mu);
+		rd_free_bufs(r);
+		r->bufs = bufs;
+		r->freeb = freeb;
+		r->queue = queue;
 		r->maxbufs = r->qcap = maxb;
 		r->bufsize = (size_t)need;
 		r->qhead = r->qlen = 0;
+		pthread_mutex_unlock(&r->mu);
 	}
 	if (!r->workers) {
 		r->workers = calloc(r->threads, sizeof(*r->workers));
