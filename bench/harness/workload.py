@@ -142,14 +142,18 @@ def read_st(path):
             f.seek(8 + n + b)
             if f.readinto(memoryview(a).cast("B")) != e - b:
                 raise IOError("%s: short read of %s" % (path, name))
-            # a byte of every page, read from user space: the kernel wrote
-            # them, and on some VMs the first user-mode touch of such a
-            # page is slow; a training loop's state is warm (bench_ops.c
-            # warm() does the same for the C API)
-            if a.nbytes:
-                int(np.frombuffer(a, dtype=np.uint8)[::4096].sum())
+            warm(a)
             out[name] = a
     return out
+
+
+def warm(a):
+    """Reads a byte of every page of array `a` from user space. The kernel
+    wrote them, and on some VMs the first user-mode touch of such a page
+    is slow; a training loop's state is warm (bench_ops.c warm() does the
+    same for the C API, and says why it is done again after opening)."""
+    if a.nbytes:
+        int(np.frombuffer(a, dtype=np.uint8)[::4096].sum())
 
 
 def st_bytes(path):
