@@ -115,13 +115,8 @@ static void watch_no_md(ckpt *c, int after_save)
 static void save(ckpt *c, uint64_t step, int reason)
 {
 	static uint8_t data[8192];
-	uint64_t shape[1] = { sizeof(data) };
-	ckpt_tensor t = { .name = "w",
-			  .dtype = CKPT_U8,
-			  .ndim = 1,
-			  .shape = shape,
-			  .data = data,
-			  .nbytes = sizeof(data) };
+	uint64_t dim;
+	ckpt_tensor t = tu_bytes_tensor("w", data, sizeof(data), &dim);
 	ckpt_save_opts o;
 
 	ckpt_save_opts_default(&o);
@@ -502,13 +497,8 @@ START_TEST(test_failed_save_journal)
 {
 	static const eng_io io = { .write_result = enospc_write };
 	static uint8_t data[8192];
-	uint64_t shape[1] = { sizeof(data) };
-	ckpt_tensor t = { .name = "w",
-			  .dtype = CKPT_U8,
-			  .ndim = 1,
-			  .shape = shape,
-			  .data = data,
-			  .nbytes = sizeof(data) };
+	uint64_t dim;
+	ckpt_tensor t = tu_bytes_tensor("w", data, sizeof(data), &dim);
 	const char *dir = tu_tmpdir();
 	ckpt *c = open_at(dir, NULL);
 	ckpt_save_advice a;
@@ -760,13 +750,8 @@ START_TEST(test_plan_explicit_codec)
 	ckpt_plan p;
 	ckpt_save_opts o;
 	static uint8_t data[1 << 16];
-	uint64_t shape[1] = { sizeof(data) };
-	ckpt_tensor t = { .name = "w",
-			  .dtype = CKPT_U8,
-			  .ndim = 1,
-			  .shape = shape,
-			  .data = data,
-			  .nbytes = sizeof(data) };
+	uint64_t dim;
+	ckpt_tensor t = tu_bytes_tensor("w", data, sizeof(data), &dim);
 
 	watch_no_md(c, CKPT_AFTER_STOP);
 	inject(c, 100e3, enc, ratio);
@@ -919,13 +904,9 @@ START_TEST(test_probe_and_measure)
 		double before = p.ratio[CKPT_CODEC_ZSTD];
 		ckpt_save_opts o;
 		static uint8_t zeros[4 << 20];
-		uint64_t shape[1] = { sizeof(zeros) };
-		ckpt_tensor t = { .name = "z",
-				  .dtype = CKPT_U8,
-				  .ndim = 1,
-				  .shape = shape,
-				  .data = zeros,
-				  .nbytes = sizeof(zeros) };
+		uint64_t dim;
+		ckpt_tensor t =
+			tu_bytes_tensor("z", zeros, sizeof(zeros), &dim);
 
 		ckpt_save_opts_default(&o);
 		o.codec = CKPT_CODEC_ZSTD;

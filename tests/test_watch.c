@@ -162,13 +162,8 @@ static char *journal(const char *root)
 static void save(ckpt *c, uint64_t step, int reason)
 {
 	static uint8_t data[4096];
-	uint64_t shape[1] = { sizeof(data) };
-	ckpt_tensor t = { .name = "w",
-			  .dtype = CKPT_U8,
-			  .ndim = 1,
-			  .shape = shape,
-			  .data = data,
-			  .nbytes = sizeof(data) };
+	uint64_t dim;
+	ckpt_tensor t = tu_bytes_tensor("w", data, sizeof(data), &dim);
 	ckpt_save_opts o;
 
 	ckpt_save_opts_default(&o);

@@ -541,6 +541,18 @@ tu_tensor *tu_set_add_slice(tu_set *s, const char *name, int dtype,
 	return t;
 }
 
+ckpt_tensor tu_bytes_tensor(const char *name, void *data, uint64_t n,
+			    uint64_t *dim)
+{
+	*dim = n;
+	return (ckpt_tensor){ .name = name,
+			      .dtype = CKPT_U8,
+			      .ndim = 1,
+			      .shape = dim,
+			      .data = data,
+			      .nbytes = n };
+}
+
 void tu_set_view(const tu_set *s, ckpt_tensor *out)
 {
 	for (size_t i = 0; i < s->n; i++) {

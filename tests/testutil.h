@@ -117,6 +117,10 @@ tu_tensor *tu_set_add_slice(tu_set *s, const char *name, int dtype,
 			    uint64_t seed);
 /* Fills out[0..s->n) (caller-allocated) with views of the set. */
 void tu_set_view(const tu_set *s, ckpt_tensor *out);
+/* A 1-D U8 tensor `name` over data[0..n); *dim (the caller's, alive as
+ * long as the tensor) holds its shape. */
+ckpt_tensor tu_bytes_tensor(const char *name, void *data, uint64_t n,
+			    uint64_t *dim);
 /* ckpt_save of the whole set; returns its result. */
 int tu_save_async(ckpt *c, uint64_t step, const tu_set *s);
 /* ckpt_save + ckpt_wait; returns the first error. */
