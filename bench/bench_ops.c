@@ -62,7 +62,7 @@ struct state {
 static int die(const char *what, int err, const char *msg)
 {
 	fprintf(stderr, "bench_ops: %s: %s%s%s\n", what,
-		err ? ckpt_strerror(err) : "", msg && *msg ? ": " : "",
+		err ? ckpt_strerror(err) : "", err && msg && *msg ? ": " : "",
 		msg ? msg : "");
 	exit(1);
 }
