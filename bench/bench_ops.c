@@ -100,30 +100,9 @@ static void read_full(int fd, void *buf, uint64_t len, uint64_t off)
 }
 
 /* Reads a safetensors file of BF16/F32 tensors into 64-byte aligned
- * buffers, in file order. */
-/*
- * Reads a byte of every page of the state from user space (untimed). The
- * pages were written by the kernel (pread), and on some VMs the first
- * user-mode touch of such a page costs a trip to the hypervisor: the
- * first save after open took 1.1-1.4 s for 512 MiB with a cold state and
- * 0.11-0.41 s with a warm one. A training loop's state was written by
- * its own code, so it is warm; peers.py warms its arrays the same way.
- * Done again after ckpt_open: on this harness's VMs (shadow paging),
- * pre-faulting a 4.5 GiB pool evicts the hypervisor's translations of
- * the state's 4 KiB pages, and the next user-mode read of each page is
- * a trip again (a 2 GiB read: 0.09 s before, 0.66-1.4 s after); a loop
- * that trains between open and its first save has touched them since.
- */
-static void warm(const void *p, uint64_t n)
-{
-	const volatile uint8_t *b = p;
-	uint8_t x = 0;
-
-	for (uint64_t o = 0; o < n; o += 4096)
-		x ^= b[o];
-	(void)x;
-}
-
+ * buffers, in file order, and touches them (synth_touch). The first save
+ * after open took 1.1-1.4 s for 512 MiB with a cold state and 0.11-0.41 s
+ * with a touched one. */
 static void load_state(const char *path, struct state *s)
 {
 	uint64_t hlen;
@@ -176,7 +155,7 @@ static void load_state(const char *path, struct state *s)
 		if (!t->name || !t->data)
 			die("state", -ENOMEM, key);
 		read_full(fd, t->data, t->nbytes, 8 + hlen + b);
-		warm(t->data, t->nbytes);
+		synth_touch(t->data, t->nbytes);
 		s->bytes += t->nbytes;
 		s->n++;
 	}
@@ -444,9 +423,9 @@ int main(int argc, char **argv)
 	if (err)
 		die("ckpt_open", err, ckpt_errmsg(NULL));
 	/* A training loop runs steps, which touch its whole state, between
-	 * ckpt_open and its first save: so does this, untimed (see warm()). */
+	 * ckpt_open and its first save: so does this (synth.h). */
 	for (size_t i = 0; i < s.n; i++)
-		warm(s.t[i].data, s.t[i].nbytes);
+		synth_touch(s.t[i].data, s.t[i].nbytes);
 	t0 = synth_now();
 	err = ckpt_save(c, 1, desc, s.n);
 	first = synth_now() - t0;

@@ -69,6 +69,17 @@ double synth_now(void);
  * memset(0) right after malloc is folded into calloc by the compiler,
  * which leaves the pages untouched (and the timed run faulting them). */
 void synth_warm(void *p, size_t n);
+/*
+ * Reads a byte of every page of [p, p+n) from user space, leaving it
+ * as it is. On some VMs the first user-mode touch of a page the kernel
+ * wrote (pread) costs a trip to the hypervisor, and so does the next
+ * touch of every 4 KiB page after a large region is pre-faulted (shadow
+ * paging: ckpt_open's pool evicts the translations of the state's
+ * pages; a 2 GiB read took 0.09 s before and 0.66-1.4 s after). A
+ * training loop's state is touched every step, so the benchmarks touch
+ * theirs after reading it and again after ckpt_open, untimed.
+ */
+void synth_touch(const void *p, size_t n);
 /* "4G", "256M", "512K", "1.5G", plain bytes. Returns 0 or -1. */
 int synth_parse_size(const char *s, uint64_t *out);
 /* "4.00 GiB" style; returns buf. */
