@@ -24,11 +24,18 @@
  *                    is neither written nor uploaded
  *
  * Safety. Only a save whose every destination holds the base may refer to
- * it: here that is a plain directory (no remote, no gs:// root, no
- * secondary sink), so a directory with a remote or a gs:// root writes in
- * full. Retention and gc keep every step a kept step refers to (gc.c). A
- * base that cannot be read, is version 1 or has another chunk size or
- * host layout simply means no dedup for this save.
+ * it. A plain directory holds it. A directory with a remote (settings.
+ * remote: the upload sink, sinks[1]) refers to it only if the upload sink
+ * of this handle committed that very step in the bucket (it records the
+ * newest it committed, sink_gcs_bg.c): the bucket's copy of the new step
+ * then refers to bytes that are committed there too, and its commit
+ * checks them again (commit.c). Otherwise (the base's upload failed, is
+ * still running, or was made by an earlier process) the save is written
+ * in full, in both places. A gs:// root, a save the planner sends straight
+ * to the bucket and any other secondary sink write in full. Retention and
+ * gc keep every step a kept step refers to (gc.c), in the directory and
+ * in the bucket. A base that cannot be read, is version 1 or has another
+ * chunk size or host layout simply means no dedup for this save.
  *
  * Uses root.c and io.c (reading the base) and format/; called by save.c,
  * encode.c and writer.c, which never call each other.
@@ -42,7 +49,18 @@
 
 int eng_dedup_enabled(const struct ckpt *c)
 {
-	return c->dedup && !c->remote_only && !c->remote_url && c->nsinks == 1;
+	return c->dedup && !c->remote_only &&
+	       (c->nsinks == 1 ||
+		(c->nsinks == 2 && c->upsink && c->sinks[1] == c->upsink));
+}
+
+/* A directory with a remote: the base is committed in the bucket by this
+ * handle's upload sink. (If this save's upload is dropped, the background
+ * upload sends the same files from the directory later: they refer to the
+ * same committed base.) */
+static int remote_holds(struct ckpt *c, uint64_t base)
+{
+	return c->nsinks == 1 || atomic_load(&c->remote_committed) == base + 1;
 }
 
 /* The index of this host in the newest committed step below `step`. */
@@ -125,7 +143,8 @@ void eng_dedup_begin(struct ckpt *c, eng_job *job)
 	 * next one starts a fresh chain) */
 	if (load_base(c, job->step, ix) < 0 ||
 	    ix->chunk_bytes != job->chunk_bytes ||
-	    ix->nfiles + ix->nrefs > FMT_MAX_REFS || !base_intact(c, ix)) {
+	    ix->nfiles + ix->nrefs > FMT_MAX_REFS ||
+	    !remote_holds(c, ix->step) || !base_intact(c, ix)) {
 		fmt_index_free(ix);
 		free(ix);
 		return;

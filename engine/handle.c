@@ -355,6 +355,7 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 				r = eng_sink_add(c, up);
 			if (r < 0)
 				goto fail;
+			c->upsink = up;
 		}
 	}
 	r = eng_plan_open(c);

@@ -278,6 +278,11 @@ struct ckpt {
 	char *remote_url;        /* settings.remote: the event journal's
 	                            upload (events.c) */
 	atomic_int remote_noted; /* DIR/events/remote written */
+	eng_sink *upsink; /* settings.remote: the upload sink (sinks[1]) */
+	/* 1 + the newest step the upload sink committed in the remote, 0:
+	 * none yet; a deduplicating save refers to a base only if it is
+	 * this step (dedup.c) */
+	atomic_ullong remote_committed;
 };
 
 /* watch.c: the handle's save policy and metadata watcher. open allocates

@@ -441,6 +441,12 @@ static void step_commit(gcs_sink *s, up_step *u)
 	u->state = ST_DONE;
 	eng_journal_remove(s->base.c->root, u->step);
 	up_set_status(s, u, state);
+	/* the newest step committed in the remote: deduplicating saves of
+	 * the directory may refer to it (dedup.c); the upload thread is the
+	 * only writer */
+	if (state == CKPT_UPLOAD_COMMITTED && !s->direct &&
+	    atomic_load(&s->base.c->remote_committed) < u->step + 1)
+		atomic_store(&s->base.c->remote_committed, u->step + 1);
 	/* the upload's pace, for the deadline planner */
 	eng_plan_upload_done(s->base.c, u->step, s->st.bytes_total);
 }

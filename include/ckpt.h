@@ -214,8 +214,11 @@ CKPT_API int ckpt_codec_from_name(const char *name);
  * the same chunk in the newest committed step (frozen layers when
  * fine-tuning) is neither rewritten nor re-uploaded; the new step refers
  * to the older step's bytes, and retention/gc keep referenced steps.
- * Steps are then written in format version 2. Only a plain directory
- * dedups (with `remote` or a gs:// root every save is written in full).
+ * Steps are then written in format version 2. A plain directory dedups;
+ * so does a directory with `remote`, in both places, once this handle's
+ * upload has committed the base step in the bucket (before that, and for
+ * the first save after ckpt_open, the save is written in full); a gs://
+ * root writes every save in full.
  * Off by default for now; the environment variable CKPT_DEDUP=1 turns it
  * on for every handle and CKPT_DEDUP=0 off (overriding the flag). */
 #define CKPT_F_DEDUP (1u << 4)

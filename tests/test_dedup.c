@@ -365,8 +365,9 @@ static uint64_t sink_chunks(ckpt *c, unsigned i)
 	return st[i].chunks;
 }
 
-/* Reused chunks reach no sink; a handle with a second destination (an
- * uploader) never refers, since that destination may not hold the base. */
+/* Reused chunks reach no sink; a handle with a second destination other
+ * than its remote's upload sink never refers, since that destination may
+ * not hold the base. */
 START_TEST(test_sinks)
 {
 	const char *dir = tu_tmpdir();
@@ -720,6 +721,99 @@ START_TEST(test_push_gcs)
 }
 END_TEST
 
+static ckpt *open_remote(const char *dir, const char *remote)
+{
+	ckpt_settings s;
+	ckpt *c = NULL;
+	int rc;
+
+	tu_settings(&s);
+	s.flags |= CKPT_F_DEDUP;
+	s.remote = remote;
+	rc = ckpt_open(&c, dir, &s);
+	ck_assert_msg(rc == 0, "ckpt_open: %d %s", rc, ckpt_errmsg(NULL));
+	return c;
+}
+
+static void upload_wait(ckpt *c)
+{
+	int rc = ckpt_upload_wait(c, 60000);
+
+	ck_assert_msg(rc == 0, "upload: %d %s", rc, ckpt_errmsg(c));
+}
+
+/* A directory with a remote. Its base not committed in the bucket (every
+ * upload fails): the next save is written in full. Once this handle has
+ * committed the base in the bucket, the frozen chunks are neither written
+ * nor uploaded again, and the bucket's copy of the step refers to the
+ * bucket's base, reads back and verifies there. */
+START_TEST(test_remote)
+{
+	const char *dir = tu_tmpdir(), *rem = "gs://dedup/both";
+	char *d2 = tu_path("%s/dead", dir), *d1 = tu_path("%s/live", dir);
+	ckpt_step_info *li = NULL;
+	ckpt_settings s;
+	tu_server srv;
+	fmt_index ix;
+	uint64_t rs = 0;
+	size_t n = 0;
+	ckpt *c;
+
+	setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1", 1);
+	setenv("CKPT_GCS_DEADLINE", "1", 1);
+	c = open_remote(d2, "gs://dedup/dead");
+	save_step(c, 1, 0);
+	ck_assert_int_ne(ckpt_upload_wait(c, 60000), 0);
+	save_step(c, 2, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 17);
+	ckpt_close(c);
+	unsetenv("CKPT_GCS_DEADLINE");
+	load_index(d2, 2, &ix);
+	ck_assert_uint_eq(count_refs(&ix, NULL), 0);
+	fmt_index_free(&ix);
+	check_step(d2, 2);
+
+	gt_server_start(&srv, "dedup");
+	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
+	c = open_remote(d1, rem);
+	save_step(c, 1, 0);
+	upload_wait(c);
+	save_step(c, 2, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 1);
+	ck_assert_uint_eq(sink_chunks(c, 1), 1);
+	upload_wait(c);
+	save_step(c, 3, 0);
+	upload_wait(c);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	load_index(d1, 3, &ix);
+	ck_assert_uint_eq(count_refs(&ix, &rs), FROZEN_BYTES / (64u << 10));
+	ck_assert_uint_eq(rs, 1);
+	fmt_index_free(&ix);
+	for (uint64_t st = 1; st <= 3; st++) {
+		check_step(rem, st);
+		ck_assert_msg(verify(rem, st, why, sizeof(why)) == 0, "%s",
+			      why);
+	}
+	tu_settings(&s);
+	ck_assert_int_eq(ckpt_open(&c, rem, &s), 0);
+	ck_assert_int_eq(ckpt_list(c, &li, &n), 0);
+	ck_assert_uint_eq(n, 3);
+	/* the frozen megabyte is in the bucket once, in step 1 */
+	ck_assert_msg(li[1].stored_bytes < li[0].stored_bytes / 4 &&
+			      li[2].stored_bytes < li[0].stored_bytes / 4,
+		      "steps 2, 3 store %llu, %llu bytes, step 1 %llu",
+		      (unsigned long long)li[1].stored_bytes,
+		      (unsigned long long)li[2].stored_bytes,
+		      (unsigned long long)li[0].stored_bytes);
+	ckpt_free(li);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	tu_server_stop(&srv);
+	unsetenv("STORAGE_EMULATOR_HOST");
+	free(d1);
+	free(d2);
+}
+END_TEST
+
 /* Format: version 2 documents round-trip; version 1 cannot carry refs;
  * a chunk beyond files + refs and a ref to a newer step are corrupt. */
 START_TEST(test_format_v2)
@@ -782,6 +876,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_verify_missing_ref);
 	tcase_add_test(tc, test_copy);
 	tcase_add_test(tc, test_push_gcs);
+	tcase_add_test(tc, test_remote);
 	tcase_add_test(tc, test_format_v2);
 	suite_add_tcase(s, tc);
 	return s;
