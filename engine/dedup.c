@@ -37,6 +37,14 @@
  * in the bucket. A base that cannot be read, is version 1 or has another
  * chunk size or host layout simply means no dedup for this save.
  *
+ * A gs:// root. Reading the base from the bucket would put round trips
+ * into ckpt_save()'s stall, so the handle keeps the index of the step it
+ * committed last (eng_dedup_committed, one host, automatic commit) and a
+ * save refers to that step; the first save after ckpt_open, and any save
+ * after a failed one, is written in full. The bucket holds that step
+ * (this handle committed it there); if someone removed it since, the
+ * commit's check of the refs fails the save, naming the step (commit.c).
+ *
  * Uses root.c and io.c (reading the base) and format/; called by save.c,
  * encode.c and writer.c, which never call each other.
  */
@@ -49,9 +57,50 @@
 
 int eng_dedup_enabled(const struct ckpt *c)
 {
-	return c->dedup && !c->remote_only &&
+	return c->dedup &&
 	       (c->nsinks == 1 ||
 		(c->nsinks == 2 && c->upsink && c->sinks[1] == c->upsink));
+}
+
+void eng_dedup_committed(struct ckpt *c, const uint8_t *buf, size_t len)
+{
+	fmt_index *ix = calloc(1, sizeof(*ix)), *old;
+
+	if (ix && fmt_index_decode(buf, len, ix, NULL, 0) < 0) {
+		free(ix);
+		ix = NULL;
+	}
+	pthread_mutex_lock(&c->mu);
+	old = c->last_ix;
+	c->last_ix = ix;
+	pthread_mutex_unlock(&c->mu);
+	if (old)
+		fmt_index_free(old);
+	free(old);
+}
+
+void eng_dedup_forget(struct ckpt *c)
+{
+	if (c->last_ix)
+		fmt_index_free(c->last_ix);
+	free(c->last_ix);
+	c->last_ix = NULL;
+}
+
+/* A gs:// root: the kept index of the last committed step, taken (a
+ * failed save leaves none; the writer keeps the next one). */
+static fmt_index *take_last(struct ckpt *c, uint64_t step)
+{
+	fmt_index *ix;
+
+	pthread_mutex_lock(&c->mu);
+	ix = c->last_ix;
+	if (ix && ix->step < step)
+		c->last_ix = NULL;
+	else
+		ix = NULL;
+	pthread_mutex_unlock(&c->mu);
+	return ix;
 }
 
 /* A directory with a remote: the base is committed in the bucket by this
@@ -135,6 +184,18 @@ void eng_dedup_begin(struct ckpt *c, eng_job *job)
 	if (!eng_dedup_enabled(c) || job->to_remote)
 		return;
 	job->version = FMT_VERSION_DEDUP;
+	if (c->remote_only) {
+		ix = take_last(c, job->step);
+		if (ix && (ix->chunk_bytes != job->chunk_bytes ||
+			   ix->host_index != c->s.host_index ||
+			   ix->nfiles + ix->nrefs > FMT_MAX_REFS)) {
+			fmt_index_free(ix);
+			free(ix);
+			ix = NULL;
+		}
+		job->base = ix;
+		return;
+	}
 	ix = calloc(1, sizeof(*ix));
 	if (!ix)
 		return;

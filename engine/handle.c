@@ -192,6 +192,7 @@ static void handle_release(struct ckpt *c, int in_child)
 	free(c->workers);
 	free(c->root);
 	free(c->remote_url);
+	eng_dedup_forget(c);
 	/* in a fork() child: their threads are the parent's */
 	free(c->jq);
 	free(c->plan);

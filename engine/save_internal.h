@@ -283,6 +283,9 @@ struct ckpt {
 	 * none yet; a deduplicating save refers to a base only if it is
 	 * this step (dedup.c) */
 	atomic_ullong remote_committed;
+	/* a gs:// root: this handle's index of the step it committed last,
+	 * the base of its next deduplicating save (dedup.c; under mu) */
+	fmt_index *last_ix;
 };
 
 /* watch.c: the handle's save policy and metadata watcher. open allocates
@@ -394,6 +397,12 @@ void eng_gcs_reclaim(struct ckpt *c);
 /* dedup.c */
 /* 1 if this handle's saves may refer to older steps (a plain directory). */
 int eng_dedup_enabled(const struct ckpt *c);
+/* writer.c, a gs:// root: step's index (its encoded bytes) is committed;
+ * kept as the base of the next deduplicating save. Frees nothing of the
+ * caller's. */
+void eng_dedup_committed(struct ckpt *c, const uint8_t *ix, size_t len);
+/* handle.c: drops the kept index. */
+void eng_dedup_forget(struct ckpt *c);
 /* Caller's thread, before the job is queued: the format version and the
  * base index (none: no chunk is reused). */
 void eng_dedup_begin(struct ckpt *c, eng_job *job);

@@ -313,14 +313,20 @@ static int finish_job(struct ckpt *c, eng_job *job)
 			r = 0;
 		}
 	}
-	free(buf);
-	if (r < 0)
+	if (r < 0) {
+		free(buf);
 		return r;
+	}
 	if (c->s.host_count == 1 && !(c->s.flags & CKPT_F_MANUAL_COMMIT)) {
 		err[0] = 0;
 		r = eng_commit_step(root, 1, job->step, err);
-		if (r < 0)
+		if (r < 0) {
+			free(buf);
 			return eng_job_fail(c, job, r, "%s", err);
+		}
+		/* a gs:// root: the next save's base (dedup.c) */
+		if (c->remote_only && job->version >= FMT_VERSION_DEDUP)
+			eng_dedup_committed(c, buf, len);
 		/* Problems with the `latest` hint or retention do not undo a
 		 * durable commit; their message is kept for ckpt_errmsg(). */
 		if (c->s.keep_last || c->s.keep_every)
@@ -332,6 +338,7 @@ static int finish_job(struct ckpt *c, eng_job *job)
 			pthread_mutex_unlock(&c->mu);
 		}
 	}
+	free(buf);
 	return 0;
 }
 

@@ -217,8 +217,9 @@ CKPT_API int ckpt_codec_from_name(const char *name);
  * Steps are then written in format version 2. A plain directory dedups;
  * so does a directory with `remote`, in both places, once this handle's
  * upload has committed the base step in the bucket (before that, and for
- * the first save after ckpt_open, the save is written in full); a gs://
- * root writes every save in full.
+ * the first save after ckpt_open, the save is written in full); so does
+ * a gs:// root, against the step this handle committed last (its first
+ * save after ckpt_open is sent in full; on a pod, every save is).
  * Off by default for now; the environment variable CKPT_DEDUP=1 turns it
  * on for every handle and CKPT_DEDUP=0 off (overriding the flag). */
 #define CKPT_F_DEDUP (1u << 4)

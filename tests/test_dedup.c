@@ -814,6 +814,79 @@ START_TEST(test_remote)
 }
 END_TEST
 
+/* A gs:// root: the handle refers to the step it committed last, so steps
+ * 2 and 3 send one chunk of 17 and store a fraction of step 1 in the
+ * bucket; the first save after opening again is written in full. A base
+ * removed from the bucket since (its COMMIT deleted) fails the next save
+ * at commit, naming it, and the save after that is written in full. */
+START_TEST(test_gcs_root)
+{
+	const char *rem = "gs://dedup/root";
+	ckpt_step_info *li = NULL;
+	tu_server srv;
+	size_t n = 0;
+	char *url;
+	ckpt *c;
+	int rc;
+
+	gt_server_start(&srv, "dedup");
+	setenv("STORAGE_EMULATOR_HOST", srv.url, 1);
+	c = open_dedup(rem, CKPT_F_DEDUP, 0);
+	save_step(c, 1, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 17);
+	save_step(c, 2, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 1);
+	save_step(c, 3, 1);
+	ck_assert_uint_eq(sink_chunks(c, 0), 1);
+	ck_assert_int_eq(ckpt_list(c, &li, &n), 0);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_msg(li[1].stored_bytes < li[0].stored_bytes / 4 &&
+			      li[2].stored_bytes < li[0].stored_bytes / 4,
+		      "steps 2, 3 store %llu, %llu bytes, step 1 %llu",
+		      (unsigned long long)li[1].stored_bytes,
+		      (unsigned long long)li[2].stored_bytes,
+		      (unsigned long long)li[0].stored_bytes);
+	ckpt_free(li);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	for (uint64_t st = 1; st <= 3; st++) {
+		check_step(rem, st);
+		ck_assert_msg(verify(rem, st, why, sizeof(why)) == 0, "%s",
+			      why);
+	}
+
+	c = open_dedup(rem, CKPT_F_DEDUP, 0);
+	save_step(c, 4, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 17);
+	url = tu_path("%s/storage/v1/b/dedup/o/root%%2Fstep-%020d%%2FCOMMIT",
+		      srv.url, 4);
+	ck_assert_int_eq(gt_http("DELETE", url, NULL, NULL), 204);
+	{
+		tu_set set;
+		ckpt_tensor *v;
+
+		make_state(&set, 5);
+		v = calloc(set.n, sizeof(*v));
+		tu_set_view(&set, v);
+		rc = ckpt_save(c, 5, v, set.n);
+		if (rc == 0)
+			rc = ckpt_wait(c);
+		ck_assert_msg(rc < 0 && strstr(ckpt_errmsg(c), "step 4"),
+			      "save 5 on a removed base: %d %s", rc,
+			      ckpt_errmsg(c));
+		free(v);
+		tu_set_free(&set);
+	}
+	save_step(c, 6, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 17);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	check_step(rem, 6);
+	ck_assert_msg(verify(rem, 6, why, sizeof(why)) == 0, "%s", why);
+	free(url);
+	tu_server_stop(&srv);
+	unsetenv("STORAGE_EMULATOR_HOST");
+}
+END_TEST
+
 /* Format: version 2 documents round-trip; version 1 cannot carry refs;
  * a chunk beyond files + refs and a ref to a newer step are corrupt. */
 START_TEST(test_format_v2)
@@ -877,6 +950,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_copy);
 	tcase_add_test(tc, test_push_gcs);
 	tcase_add_test(tc, test_remote);
+	tcase_add_test(tc, test_gcs_root);
 	tcase_add_test(tc, test_format_v2);
 	suite_add_tcase(s, tc);
 	return s;

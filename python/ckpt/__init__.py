@@ -469,8 +469,8 @@ class Checkpointer:
     manual_commit, no_probe, no_pod, dedup). dedup=True: chunks equal to
     the newest committed step's (frozen layers when fine-tuning) are not
     written again; the new step refers to the older one's bytes
-    (CKPT_F_DEDUP; a directory, with or without a remote; off by
-    default).
+    (CKPT_F_DEDUP; a directory, with or without a remote, or a gs://
+    root; off by default).
 
     One thread drives the loop (should_save, save, wait, restore, close);
     progress(), watch_state(), plan() and upload_status() may be called
