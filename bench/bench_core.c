@@ -24,6 +24,9 @@
  * and its step's file bytes counted, with deduplication (CKPT_F_DEDUP)
  * and without, interleaved --reps times, and their ratios printed. The
  * first save's time is printed too (what dedup's extra XXH3-128 costs).
+ * With --remote gs://BUCKET/PREFIX the directory has that remote and each
+ * save is timed until it is committed in the bucket too (ckpt_upload_wait),
+ * each configuration under its own prefix.
  * run_core.sh runs fio and passes its bandwidths here. Every loaded byte
  * is compared with what was saved; a mismatch or API error exits 1.
  * Targets are reported, not enforced (exit 0) unless --strict.
@@ -56,6 +59,7 @@ struct opts {
 	double fio_write_bw; /* bytes/s, 0 = not measured */
 	double fio_read_bw;
 	int json, keep, no_rss, strict, stall_only, finetune;
+	const char *remote; /* --finetune: the directory's remote */
 };
 
 struct rss_result {
@@ -97,6 +101,8 @@ static void usage(FILE *f)
 		"  --stall-only       only memcpy, copying and borrowed save stalls\n"
 		"  --reps N           repetitions of --stall-only (default 5)\n"
 		"  --finetune         only the fine-tuning dedup case (80%% frozen)\n"
+		"  --remote gs://B/P  --finetune: saves go to a directory with that\n"
+		"                     remote, timed until committed in the bucket\n"
 		"  --threads N        library worker threads (default: CPUs)\n"
 		"  --fio-write-bw B/s fio O_DIRECT sequential write bandwidth\n"
 		"  --fio-read-bw B/s  fio O_DIRECT sequential read bandwidth\n"
@@ -594,6 +600,8 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 			 ckpt_read_req *reqs, const char *root, int dedup,
 			 double *first_s, double *second_s, uint64_t *bytes)
 {
+	static unsigned run;
+	char remote[1024];
 	ckpt_settings s;
 	ckpt_stats st;
 	ckpt *c = NULL;
@@ -606,6 +614,11 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 	s.staging_bytes = o->pool;
 	s.threads = o->threads;
 	s.flags = dedup ? CKPT_F_DEDUP : 0;
+	if (o->remote) { /* a fresh prefix: the bucket keeps earlier runs */
+		snprintf(remote, sizeof(remote), "%s/ft%d-%u-%d", o->remote,
+			 (int)getpid(), run++, dedup);
+		s.remote = remote;
+	}
 	err = ckpt_open(&c, root, &s);
 	if (err)
 		return fail("ckpt_open", err, ckpt_errmsg(NULL));
@@ -613,6 +626,8 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 	err = ckpt_save(c, 1, desc, m->count);
 	if (!err)
 		err = ckpt_wait(c);
+	if (!err && o->remote)
+		err = ckpt_upload_wait(c, -1);
 	*first_s = synth_now() - t0;
 	finetune_fill(m, first, 43);
 	t0 = synth_now();
@@ -620,6 +635,8 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 		err = ckpt_save(c, 2, desc, m->count);
 	if (!err)
 		err = ckpt_wait(c);
+	if (!err && o->remote)
+		err = ckpt_upload_wait(c, -1);
 	*second_s = synth_now() - t0;
 	if (err) {
 		fail("fine-tuning save", err, ckpt_errmsg(c));
@@ -673,9 +690,11 @@ static int finetune(const struct opts *o, struct synth_model *m,
 	}
 	rm_tree(root);
 	printf("bench_core --finetune: state %s in %zu tensors, %s frozen "
-	       "(%zu tensors), codec float, %u repetitions\n",
+	       "(%zu tensors), codec float, %u repetitions, saves timed to "
+	       "%s\n",
 	       synth_fmt_bytes(m->total_bytes, b1, sizeof(b1)), m->count,
-	       synth_fmt_bytes(frozen, b2, sizeof(b2)), first, o->reps);
+	       synth_fmt_bytes(frozen, b2, sizeof(b2)), first, o->reps,
+	       o->remote ? "committed in the remote too" : "durable");
 	for (int k = 0; k < NV; k++)
 		print_stat(lab[k], v[k], o->reps, k < RS ? "" : "x");
 	return 0;
@@ -724,6 +743,10 @@ int main(int argc, char **argv)
 			bad = 1;
 		} else if (!strcmp(a, "--dir")) {
 			o.dir = v;
+			i++;
+		} else if (!strcmp(a, "--remote")) {
+			o.remote = v;
+			bad = strncmp(v, "gs://", 5) != 0;
 			i++;
 		} else if (!strcmp(a, "--size")) {
 			bad = synth_parse_size(v, &o.size);
