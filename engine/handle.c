@@ -410,6 +410,7 @@ void eng_io_stats_get(const ckpt *c, eng_io_stats *out)
 	out->direct_files = atomic_load(&c->io_st.direct_files);
 	out->submit_retries = atomic_load(&c->io_st.submit_retries);
 	out->uring_fallbacks = atomic_load(&c->io_st.uring_fallbacks);
+	out->uring_stalls = atomic_load(&c->io_st.uring_stalls);
 }
 
 int eng_sink_add(struct ckpt *c, eng_sink *s)

@@ -93,6 +93,7 @@ typedef struct eng_io_stats {
 	uint64_t direct_files;    /* shard files opened with O_DIRECT */
 	uint64_t submit_retries;  /* partial, EAGAIN or EBUSY submits */
 	uint64_t uring_fallbacks; /* hard ring errors: pwrite from then on */
+	uint64_t uring_stalls;    /* rings abandoned: no write came back */
 } eng_io_stats;
 void eng_io_stats_get(const ckpt *c, eng_io_stats *out);
 
@@ -115,6 +116,9 @@ void eng_reader_io_stats_get(const ckpt_reader *r, eng_reader_io_stats *out);
 /* How long a reader waits with reads in its ring and none coming back
  * before it abandons the ring (default 30000 ms; tests shorten it). */
 void eng_reader_stall_ms_set(unsigned ms);
+/* The same for the save writer's ring (sink_local.c, ls_stalled); 0
+ * restores the default. */
+void eng_writer_stall_ms_set(unsigned ms);
 
 /* Installs a table for the whole process (tests only); NULL restores the
  * real one. Members left NULL fall back to the real calls. */

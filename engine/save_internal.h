@@ -87,6 +87,7 @@ typedef struct eng_buf {
 	/* local file sink state */
 	uint64_t io_done;        /* bytes of span written so far */
 	struct eng_buf *io_next; /* sink's pending queue */
+	int io_inflight;         /* taken by the kernel, not reaped */
 } eng_buf;
 
 /* One save: metadata copied from the caller, layout, writer state. */
@@ -242,7 +243,7 @@ struct ckpt {
 	int ring_broken; /* writer only: a hard submit error, pwrite now */
 	struct {         /* which paths this handle's saves took (tests) */
 		atomic_ullong uring_writes, pwrite_writes, direct_files,
-			submit_retries, uring_fallbacks;
+			submit_retries, uring_fallbacks, uring_stalls;
 	} io_st;
 
 	pthread_t *workers;
@@ -340,6 +341,10 @@ void eng_buf_release(struct ckpt *c, eng_buf *b);
 void eng_buf_unref(struct ckpt *c, eng_buf *b);
 void eng_thread_background(int nice);
 void eng_writer_wake(struct ckpt *c);
+/* sink_local.c: how long a write may stay in the ring with none coming
+ * back (eng_writer_stall_ms_set); the writer wakes at least every third
+ * of it to let the sink notice. */
+unsigned eng_writer_stall_ms(void);
 /* Records the first failure of `job` (message under c->mu) and wakes
  * everybody who waits on it; returns code. */
 int eng_job_fail(struct ckpt *c, eng_job *job, int code, const char *fmt, ...)

@@ -12,9 +12,26 @@
  * that. A short write is continued from where it stopped (the file drops
  * O_DIRECT if the remainder is unaligned); an error fails the save, and
  * abort removes this save's files.
+ *
+ * Stall guard (ls_stalled). A write the kernel takes and never completes
+ * (a stuck device or driver, a kernel bug) would hang the save for good:
+ * the writer waits until every buffer is back. So when writes are in
+ * flight and none came back for stall_ms (30 s), the sink cancels
+ * everything in the ring and collects for a second. A cancelled write did
+ * nothing and the kernel let go of its buffer: it is written again with
+ * pwrite and the save goes on. A write that does not come back even then
+ * may still land, later, at its offset: rewriting it and committing would
+ * let that late write put whatever the buffer holds by then (the pool
+ * reuses it for other chunks) into a committed file. So that save fails;
+ * its files are unlinked, where a late write is harmless, and its buffers
+ * go back to the pool (the kernel only reads them). Either way the ring
+ * is abandoned for the handle's life (pwrite from then on, as after a
+ * hard ring error): a completion still to come carries a buffer pointer
+ * as user_data and must never be taken for a newer write of that buffer.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +51,29 @@ typedef struct local_sink {
 	eng_buf *pend_head, *pend_tail; /* not yet in the ring */
 	eng_buf *sq_head, *sq_tail; /* in the ring, not taken by the kernel */
 	unsigned nsq;
-	unsigned inflight; /* taken by the kernel, completion pending */
+	unsigned inflight;   /* taken by the kernel, completion pending */
+	int64_t progress_ns; /* last completion, or first entry taken */
 	int uring, direct, prealloc;
 	int failed;
 	int renamed, published;
 } local_sink;
+
+#define LS_STALL_MS_DEFAULT 30000
+/* user_data of the stall guard's own entries (no eng_buf lives at 1) */
+#define LS_CANCEL_TAG 1
+
+/* See ls_stalled. */
+static atomic_uint stall_ms = LS_STALL_MS_DEFAULT;
+
+void eng_writer_stall_ms_set(unsigned ms)
+{
+	atomic_store(&stall_ms, ms ? ms : LS_STALL_MS_DEFAULT);
+}
+
+unsigned eng_writer_stall_ms(void)
+{
+	return atomic_load(&stall_ms);
+}
 
 static void ls_clear(local_sink *ls)
 {
@@ -311,10 +346,13 @@ static unsigned ls_reap(local_sink *ls, int failed)
 		long res = cqe->res;
 
 		io_uring_cqe_seen(&c->ring, cqe);
+		b->io_inflight = 0;
 		ls->inflight--;
 		n++;
 		ls_complete(ls, b, res, failed);
 	}
+	if (n > 0)
+		ls->progress_ns = eng_mono_ns();
 	return n;
 }
 
@@ -322,8 +360,9 @@ static unsigned ls_reap(local_sink *ls, int failed)
  * A hard ring error (not EAGAIN/EBUSY/EINTR, or a ring that takes nothing
  * for ENG_SUBMIT_TRIES attempts while idle): this handle writes with pwrite
  * from now on. Entries still in the ring were not taken by the kernel and
- * never will be (nothing enters the ring again), so their buffers are
- * written here; what the kernel took completes as usual.
+ * never will be (nothing enters the ring again; ls_stalled, which submits
+ * a cancel, makes them NOPs first), so their buffers are written here;
+ * what the kernel took completes as usual.
  */
 static void ls_fallback(local_sink *ls, int err)
 {
@@ -357,8 +396,10 @@ static void ls_taken(local_sink *ls, unsigned n)
 
 	if (n > ls->nsq)
 		n = ls->nsq;
+	if (n > 0 && ls->inflight == 0)
+		ls->progress_ns = eng_mono_ns();
 	for (unsigned i = 0; i < n; i++)
-		q_pop(&ls->sq_head, &ls->sq_tail);
+		q_pop(&ls->sq_head, &ls->sq_tail)->io_inflight = 1;
 	ls->nsq -= n;
 	ls->inflight += n;
 	atomic_fetch_add_explicit(&c->io_st.uring_writes, n,
@@ -415,6 +456,139 @@ static void ls_submit(local_sink *ls, int failed)
 	}
 }
 
+/* Entries in the ring the kernel has not taken (still on sq_head, or
+ * moved to the pending queue by ls_fallback) become NOPs, so that no later
+ * submit starts them. Without SQPOLL the kernel reads entries only inside
+ * io_uring_enter, which only this thread calls. */
+static void ls_nop_untaken(struct io_uring *ring)
+{
+	unsigned head = io_uring_smp_load_acquire(ring->sq.khead);
+
+	for (unsigned i = head; i != ring->sq.sqe_tail; i++) {
+		struct io_uring_sqe *sqe =
+			&ring->sq.sqes[i & *ring->sq.kring_mask];
+
+		io_uring_prep_nop(sqe);
+		io_uring_sqe_set_data64(sqe, LS_CANCEL_TAG);
+	}
+}
+
+/* A result that says the write was stopped by the cancel, not done. */
+static int ls_cancelled(long res)
+{
+	/* -ERESTARTSYS .. -ERESTART_RESTARTBLOCK: kernel-internal codes */
+	return res == -ECANCELED || res == -EINTR || res == -EAGAIN ||
+	       (res <= -512 && res >= -516);
+}
+
+/*
+ * Writes in flight and none came back for stall_ms (see the note at the
+ * top): cancel everything in the ring, collect for up to a second what
+ * comes back (a cancelled write is written again with pwrite, a finished
+ * one completes as usual), and abandon the ring. Writes still out after
+ * that fail the save; their buffers return to the pool.
+ */
+static void ls_stalled(local_sink *ls, int failed)
+{
+	struct ckpt *c = ls->base.c;
+	struct io_uring *ring = &c->ring;
+	struct io_uring_sqe *sqe;
+	int64_t until = eng_mono_ns() + 1000000000;
+	double secs = atomic_load(&stall_ms) / 1000.0;
+	unsigned redone = 0, lost;
+	eng_buf *b, *first = NULL;
+	int other = 0;
+	uint32_t f;
+
+	atomic_fetch_add_explicit(&c->io_st.uring_stalls, 1,
+				  memory_order_relaxed);
+	ls_nop_untaken(ring);
+	sqe = io_uring_get_sqe(ring);
+	if (!sqe) { /* the ring is full of those NOPs: let them go first */
+		(void)eng_uring_submit(ring);
+		sqe = io_uring_get_sqe(ring);
+	}
+	if (sqe) {
+		io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+		io_uring_sqe_set_data64(sqe, LS_CANCEL_TAG);
+		(void)eng_uring_submit(ring);
+	}
+	/* never used again by this handle, as after a hard error */
+	c->ring_broken = 1;
+	ls->uring = 0;
+	for (f = 0; f < ls->nfiles && !ls->failed; f++)
+		ls_go_buffered(ls, f);
+	while ((b = q_pop(&ls->sq_head, &ls->sq_tail)) != NULL) {
+		ls->nsq--;
+		ls_enqueue(ls, b, 0);
+	}
+	while (ls->inflight > 0 && eng_mono_ns() < until) {
+		struct __kernel_timespec ts = { .tv_nsec = 50000000 };
+		struct io_uring_cqe *cqe;
+		uint64_t ud;
+		long res;
+		int w = io_uring_wait_cqe_timeout(ring, &cqe, &ts);
+
+		if (w == -ETIME || w == -EINTR)
+			continue;
+		if (w < 0)
+			break;
+		ud = io_uring_cqe_get_data64(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(ring, cqe);
+		if (ud == LS_CANCEL_TAG)
+			continue;
+		b = (eng_buf *)(uintptr_t)ud;
+		b->io_inflight = 0;
+		ls->inflight--;
+		if (!ls_cancelled(res)) {
+			ls_complete(ls, b, res, failed);
+		} else if (failed || ls->failed) {
+			ls_drop(ls, b);
+		} else {
+			/* the kernel gave the buffer back: pwrite (ls_pump) */
+			ls_enqueue(ls, b, 1);
+			redone++;
+		}
+	}
+	lost = ls->inflight;
+	if (lost > 0) {
+		size_t n = (size_t)c->nslots + c->nout;
+
+		/* out of our hands for good: this save fails, so what the
+		 * kernel may still write goes to unlinked files */
+		for (size_t i = 0; i < n + ls->nfiles; i++) {
+			b = i < n ? &c->bufs[i] : &ls->hdr[i - n];
+			if (!b->io_inflight)
+				continue;
+			b->io_inflight = 0;
+			if (!first)
+				first = b;
+			else if (b->file != first->file)
+				other = 1;
+			ls_drop(ls, b);
+		}
+		ls->inflight = 0;
+		ls->failed = 1;
+		eng_job_fail(c, ls->job, -EIO,
+			     "%u write%s to %s%s did not complete in %g s and "
+			     "could not be cancelled; this save fails and "
+			     "this handle writes with pwrite now",
+			     lost, lost == 1 ? "" : "s",
+			     first ? ls->tmp[first->file] : ls->job->stepdir,
+			     other ? " and other files" : "", secs);
+		return;
+	}
+	/* not a failure of the save: noted for ckpt_errmsg() */
+	pthread_mutex_lock(&c->mu);
+	eng_err(c->errmsg, 0,
+		"%s: io_uring: no write came back in %g s; %u cancelled "
+		"write%s done again with pwrite; this handle writes with "
+		"pwrite now",
+		ls->job->stepdir, secs, redone, redone == 1 ? "" : "s");
+	pthread_mutex_unlock(&c->mu);
+}
+
 static int ls_pump(eng_sink *s, int failed, int *busy)
 {
 	local_sink *ls = (local_sink *)s;
@@ -422,6 +596,10 @@ static int ls_pump(eng_sink *s, int failed, int *busy)
 
 	*busy = 0;
 	ls_reap(ls, failed);
+	if (ls->inflight > 0 &&
+	    eng_mono_ns() - ls->progress_ns >=
+		    (int64_t)atomic_load(&stall_ms) * 1000000)
+		ls_stalled(ls, failed);
 	if (failed || ls->failed) {
 		eng_buf *b;
 

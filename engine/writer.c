@@ -16,7 +16,9 @@
  * to it when they queue a chunk, the ring posts to it on every completion,
  * and ckpt_save() posts when its copy ends (in borrow mode the worker that
  * ends the last read of the caller's memory does, and the writer releases
- * that memory: borrow_settle). A failure stops submission,
+ * that memory: borrow_settle). The sleep is bounded (wait_wake) so that a
+ * ring that never completes a write is noticed (sink_local.c,
+ * ls_stalled). A failure stops submission,
  * drains what is in flight, waits until every buffer of the save is back,
  * then removes this save's temporary files. The previous checkpoint and
  * `latest` are never touched before the new COMMIT exists.
@@ -25,6 +27,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,10 +246,19 @@ static void borrow_settle(struct ckpt *c, eng_job *job)
 	pthread_cond_broadcast(&c->done_cv);
 }
 
+/* Sleeps until the eventfd is posted, or at most a third of the sink's
+ * stall time (and at most 1 s): a ring that stopped answering posts
+ * nothing, and the local sink notices it only when pumped (ls_stalled). */
 static void wait_wake(struct ckpt *c)
 {
+	unsigned ms = eng_writer_stall_ms() / 3;
+	struct pollfd pfd = { .fd = c->efd, .events = POLLIN };
 	uint64_t v;
 
+	if (ms > 1000)
+		ms = 1000;
+	if (poll(&pfd, 1, ms ? (int)ms : 1) <= 0 || !(pfd.revents & POLLIN))
+		return;
 	while (read(c->efd, &v, sizeof(v)) < 0 && errno == EINTR)
 		;
 }
