@@ -63,15 +63,21 @@ static int check_refs(eng_loc *l, const char *root, uint32_t h,
 
 		fmt_step_dirname(re->step, rname);
 		r = step_key(&key, rname, FMT_COMMIT_NAME, errbuf);
-		if (r == 0 && l->be->size(l, key, &size) < 0)
+		if (r == 0 && (r = l->be->size(l, key, &size)) == -ENOENT)
 			r = eng_err(errbuf, CKPT_E_INCOMPLETE,
 				    "%s/%s: host %u refers to step %llu, which "
 				    "is not committed",
 				    root, key, h, (unsigned long long)re->step);
+		else if (r < 0) /* not an answer: out of memory, network */
+			r = eng_err(errbuf, r, "%s/%s: cannot check it: %s",
+				    root, key, ckpt_strerror(r));
 		if (r == 0)
 			r = step_key(&key, rname, re->name, errbuf);
-		if (r == 0 &&
-		    (l->be->size(l, key, &size) < 0 || size != re->size))
+		if (r == 0 && (r = l->be->size(l, key, &size)) < 0 &&
+		    r != -ENOENT)
+			r = eng_err(errbuf, r, "%s/%s: cannot check it: %s",
+				    root, key, ckpt_strerror(r));
+		else if (r == -ENOENT || (r == 0 && size != re->size))
 			r = eng_err(errbuf, CKPT_E_INCOMPLETE,
 				    "%s/%s: host %u refers to it: missing or "
 				    "not %llu bytes",

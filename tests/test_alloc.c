@@ -608,9 +608,15 @@ END_TEST
 /* ckpt_save + ckpt_wait                                              */
 /* ------------------------------------------------------------------ */
 
+/* Saves deduplicate (CKPT_F_DEDUP): every chunk refers to the step
+ * before, so commit's check of the refs runs under the failures too. */
+static int dedup_saves;
+
 static void save_settings(ckpt_settings *s)
 {
 	tu_settings(s);
+	if (dedup_saves)
+		s->flags |= CKPT_F_DEDUP;
 	/* retention runs after every commit: its allocations too */
 	s->keep_last = 2;
 }
@@ -703,6 +709,16 @@ START_TEST(test_save_borrow)
 	borrow_saves = 1;
 	save_loop(SC_ALL, MD_NTH);
 	borrow_saves = 0;
+}
+END_TEST
+
+/* Deduplicating saves: a failed allocation is -ENOMEM there too, never
+ * taken for a base that is not committed. */
+START_TEST(test_save_dedup)
+{
+	dedup_saves = 1;
+	save_loop(SC_ALL, MD_NTH);
+	dedup_saves = 0;
 }
 END_TEST
 
@@ -1012,6 +1028,7 @@ int main(void)
 	tcase_add_test(save, test_save_caller);
 	tcase_add_test(save, test_save_from);
 	tcase_add_test(save, test_save_borrow);
+	tcase_add_test(save, test_save_dedup);
 	tcase_add_test(commit, test_commit_nth);
 	tcase_add_test(commit, test_commit_from);
 	tcase_add_test(read, test_read_nth);
