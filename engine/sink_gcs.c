@@ -376,8 +376,10 @@ static void gs_destroy(eng_sink *es)
 		up_step_free(u);
 	}
 	gcs_client_free(s->gc);
+	up_pieces_trim(s);
 	if (s->hold_fd >= 0)
 		eng_close(s->hold_fd);
+	pthread_mutex_destroy(&s->rp_mu);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->q);
@@ -447,6 +449,7 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 	if (!s)
 		return eng_err(NULL, -ENOMEM, "out of memory");
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->rp_mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	s->base.ops = &gcs_sink_ops;
 	s->base.c = c;

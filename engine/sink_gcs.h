@@ -40,6 +40,7 @@ typedef struct up_file {
 	int finishing;       /* gcs_upload_finish was called */
 	int resuming;        /* file_start done, file_resumed not yet */
 	int fd;
+	int direct; /* fd has O_DIRECT (up_file_open); dropped for a tail */
 	int done;
 } up_file;
 
@@ -106,6 +107,11 @@ typedef struct gcs_sink {
 	size_t cmd_len;
 	int cmd_rc;
 	char cmd_msg[ENG_ERRMSG_MAX];
+	/* sink_gcs_bg.c: pieces read from local files, kept for the next
+	 * (rp_mu; emptied when no step is left in the background) */
+	pthread_mutex_t rp_mu;
+	struct read_piece *rp_free;
+	unsigned rp_nfree;
 	up_step *live; /* step being saved */
 	eng_job *live_job;
 	up_step *steps; /* background, oldest first */
@@ -130,6 +136,11 @@ void up_set_status(gcs_sink *s, up_step *u, int state);
 void up_step_failed(gcs_sink *s, up_step *u, int r, const char *msg);
 /* Appends f's local file up to lim; finishes once it is all in. */
 int up_file_feed(gcs_sink *s, up_file *f, uint64_t lim, char *err);
+/* Opens a local shard file for reading, with O_DIRECT where the file
+ * system takes it (f->fd, f->direct). */
+int up_file_open(up_file *f, const char *path);
+/* Frees the pieces kept for reuse (the upload thread once idle, destroy). */
+void up_pieces_trim(gcs_sink *s);
 /* The host index object: doc, or the local file when doc is NULL. */
 int up_put_index(gcs_sink *s, up_step *u, const uint8_t *doc, size_t doc_len,
 		 char *err);

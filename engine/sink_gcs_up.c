@@ -327,10 +327,10 @@ static int to_file_mode(gcs_sink *s, up_file *f, int final)
 				final ? "" : FMT_TMP_SUFFIX);
 		if (!path)
 			return -ENOMEM;
-		f->fd = eng_open(path, O_RDONLY | O_CLOEXEC, 0);
+		r = up_file_open(f, path);
 		free(path);
-		if (f->fd < 0)
-			return f->fd;
+		if (r < 0)
+			return r;
 	}
 	if (f->mark < f->appended)
 		f->mark = f->appended;
@@ -599,6 +599,8 @@ void *up_main(void *arg)
 			pthread_cond_broadcast(&s->cv);
 			pthread_mutex_unlock(&s->mu);
 			up_step_free(bg);
+			if (!s->steps) /* nothing left to read: give back */
+				up_pieces_trim(s);
 			pthread_mutex_lock(&s->mu);
 			continue;
 		}
