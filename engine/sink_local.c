@@ -356,6 +356,24 @@ static unsigned ls_reap(local_sink *ls, int failed)
 	return n;
 }
 
+/* The sink stops using the ring: its files drop O_DIRECT (pwrite cannot
+ * continue an unaligned short write) and the entries the kernel did not
+ * take go to the pwrite queue (order does not matter: every buffer has
+ * its own file range). */
+static void ls_leave_ring(local_sink *ls)
+{
+	eng_buf *b;
+	uint32_t f;
+
+	ls->uring = 0;
+	for (f = 0; f < ls->nfiles && !ls->failed; f++)
+		ls_go_buffered(ls, f);
+	while ((b = q_pop(&ls->sq_head, &ls->sq_tail)) != NULL) {
+		ls->nsq--;
+		ls_enqueue(ls, b, 0);
+	}
+}
+
 /*
  * A hard ring error (not EAGAIN/EBUSY/EINTR, or a ring that takes nothing
  * for ENG_SUBMIT_TRIES attempts while idle): this handle writes with pwrite
@@ -367,8 +385,6 @@ static unsigned ls_reap(local_sink *ls, int failed)
 static void ls_fallback(local_sink *ls, int err)
 {
 	struct ckpt *c = ls->base.c;
-	eng_buf *b;
-	uint32_t f;
 
 	c->ring_broken = 1;
 	atomic_fetch_add_explicit(&c->io_st.uring_fallbacks, 1,
@@ -379,14 +395,7 @@ static void ls_fallback(local_sink *ls, int err)
 		"%s: io_uring submit: %s; this handle writes with pwrite now",
 		ls->job->stepdir, ckpt_strerror(err));
 	pthread_mutex_unlock(&c->mu);
-	ls->uring = 0;
-	for (f = 0; f < ls->nfiles && !ls->failed; f++)
-		ls_go_buffered(ls, f);
-	/* order does not matter: every buffer has its own file range */
-	while ((b = q_pop(&ls->sq_head, &ls->sq_tail)) != NULL) {
-		ls->nsq--;
-		ls_enqueue(ls, b, 0);
-	}
+	ls_leave_ring(ls);
 }
 
 /* Moves the first n entries of the ring queue to the in-flight count. */
@@ -498,7 +507,6 @@ static void ls_stalled(local_sink *ls, int failed)
 	unsigned redone = 0, lost;
 	eng_buf *b, *first = NULL;
 	int other = 0;
-	uint32_t f;
 
 	atomic_fetch_add_explicit(&c->io_st.uring_stalls, 1,
 				  memory_order_relaxed);
@@ -515,13 +523,7 @@ static void ls_stalled(local_sink *ls, int failed)
 	}
 	/* never used again by this handle, as after a hard error */
 	c->ring_broken = 1;
-	ls->uring = 0;
-	for (f = 0; f < ls->nfiles && !ls->failed; f++)
-		ls_go_buffered(ls, f);
-	while ((b = q_pop(&ls->sq_head, &ls->sq_tail)) != NULL) {
-		ls->nsq--;
-		ls_enqueue(ls, b, 0);
-	}
+	ls_leave_ring(ls);
 	while (ls->inflight > 0 && eng_mono_ns() < until) {
 		struct __kernel_timespec ts = { .tv_nsec = 50000000 };
 		struct io_uring_cqe *cqe;

@@ -721,6 +721,24 @@ START_TEST(test_push_gcs)
 }
 END_TEST
 
+/* c lists steps 1, 2, 3, and steps 2 and 3 store under a quarter of
+ * step 1's bytes (the frozen part is stored once, in step 1). */
+static void check_three_steps(ckpt *c)
+{
+	ckpt_step_info *li = NULL;
+	size_t n = 0;
+
+	ck_assert_int_eq(ckpt_list(c, &li, &n), 0);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_msg(li[1].stored_bytes < li[0].stored_bytes / 4 &&
+			      li[2].stored_bytes < li[0].stored_bytes / 4,
+		      "steps 2, 3 store %llu, %llu bytes, step 1 %llu",
+		      (unsigned long long)li[1].stored_bytes,
+		      (unsigned long long)li[2].stored_bytes,
+		      (unsigned long long)li[0].stored_bytes);
+	ckpt_free(li);
+}
+
 static ckpt *open_remote(const char *dir, const char *remote)
 {
 	ckpt_settings s;
@@ -751,12 +769,10 @@ START_TEST(test_remote)
 {
 	const char *dir = tu_tmpdir(), *rem = "gs://dedup/both";
 	char *d2 = tu_path("%s/dead", dir), *d1 = tu_path("%s/live", dir);
-	ckpt_step_info *li = NULL;
 	ckpt_settings s;
 	tu_server srv;
 	fmt_index ix;
 	uint64_t rs = 0;
-	size_t n = 0;
 	ckpt *c;
 
 	setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1", 1);
@@ -796,16 +812,8 @@ START_TEST(test_remote)
 	}
 	tu_settings(&s);
 	ck_assert_int_eq(ckpt_open(&c, rem, &s), 0);
-	ck_assert_int_eq(ckpt_list(c, &li, &n), 0);
-	ck_assert_uint_eq(n, 3);
 	/* the frozen megabyte is in the bucket once, in step 1 */
-	ck_assert_msg(li[1].stored_bytes < li[0].stored_bytes / 4 &&
-			      li[2].stored_bytes < li[0].stored_bytes / 4,
-		      "steps 2, 3 store %llu, %llu bytes, step 1 %llu",
-		      (unsigned long long)li[1].stored_bytes,
-		      (unsigned long long)li[2].stored_bytes,
-		      (unsigned long long)li[0].stored_bytes);
-	ckpt_free(li);
+	check_three_steps(c);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	tu_server_stop(&srv);
 	unsetenv("STORAGE_EMULATOR_HOST");
@@ -822,9 +830,7 @@ END_TEST
 START_TEST(test_gcs_root)
 {
 	const char *rem = "gs://dedup/root";
-	ckpt_step_info *li = NULL;
 	tu_server srv;
-	size_t n = 0;
 	char *url;
 	ckpt *c;
 	int rc;
@@ -838,15 +844,7 @@ START_TEST(test_gcs_root)
 	ck_assert_uint_eq(sink_chunks(c, 0), 1);
 	save_step(c, 3, 1);
 	ck_assert_uint_eq(sink_chunks(c, 0), 1);
-	ck_assert_int_eq(ckpt_list(c, &li, &n), 0);
-	ck_assert_uint_eq(n, 3);
-	ck_assert_msg(li[1].stored_bytes < li[0].stored_bytes / 4 &&
-			      li[2].stored_bytes < li[0].stored_bytes / 4,
-		      "steps 2, 3 store %llu, %llu bytes, step 1 %llu",
-		      (unsigned long long)li[1].stored_bytes,
-		      (unsigned long long)li[2].stored_bytes,
-		      (unsigned long long)li[0].stored_bytes);
-	ckpt_free(li);
+	check_three_steps(c);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	for (uint64_t st = 1; st <= 3; st++) {
 		check_step(rem, st);

@@ -40,15 +40,8 @@ static int h_submit(struct io_uring *ring)
 		struct io_uring_sqe *sqe =
 			&ring->sq.sqes[i & *ring->sq.kring_mask];
 
-		if (sqe->opcode == IORING_OP_ASYNC_CANCEL &&
-		    atomic_load(&no_cancel)) {
-			uint64_t ud = sqe->user_data;
-
-			memset(sqe, 0, sizeof(*sqe));
-			sqe->opcode = IORING_OP_NOP;
-			sqe->user_data = ud;
+		if (tu_sqe_cancel_to_nop(sqe, atomic_load(&no_cancel)))
 			continue;
-		}
 		if (sqe->opcode != IORING_OP_READ ||
 		    atomic_load(&stall_left) <= 0)
 			continue;

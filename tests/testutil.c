@@ -861,6 +861,19 @@ int tu_uring_works(void)
 	return 1;
 }
 
+int tu_sqe_cancel_to_nop(void *p, int on)
+{
+	struct io_uring_sqe *sqe = p;
+	uint64_t ud = sqe->user_data;
+
+	if (!on || sqe->opcode != IORING_OP_ASYNC_CANCEL)
+		return 0;
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = IORING_OP_NOP;
+	sqe->user_data = ud;
+	return 1;
+}
+
 int tu_check_reader_path(ckpt_reader *r, uint32_t flags, const char *root,
 			 char *why, size_t whylen)
 {

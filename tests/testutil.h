@@ -172,6 +172,10 @@ int tu_exists(const char *path);
 
 /* 1 if this process can set up an io_uring ring. */
 int tu_uring_works(void);
+/* For a uring_submit hook (struct io_uring_sqe *): if sqe is an async
+ * cancel and `on`, turns it into a NOP with the same user_data (the ring
+ * tests' "the cancel does nothing") and returns 1; else 0. */
+int tu_sqe_cancel_to_nop(void *sqe, int on);
 /* 0 if reader r's data path since open (eng_reader_io_stats) is the one
  * the reader flags ask for on this machine: io_uring reads only unless
  * CKPT_F_NO_URING or no ring can be set up here (then preads only, and
