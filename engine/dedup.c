@@ -31,11 +31,12 @@
  * then refers to bytes that are committed there too, and its commit
  * checks them again (commit.c). Otherwise (the base's upload failed, is
  * still running, or was made by an earlier process) the save is written
- * in full, in both places. A gs:// root, a save the planner sends straight
- * to the bucket and any other secondary sink write in full. Retention and
- * gc keep every step a kept step refers to (gc.c), in the directory and
- * in the bucket. A base that cannot be read, is version 1 or has another
- * chunk size or host layout simply means no dedup for this save.
+ * in full, in both places. A save the planner sends straight to the
+ * bucket, and a handle with any other secondary sink, write in full; a
+ * gs:// root: below. Retention and gc keep every step a kept step refers
+ * to (gc.c), in the directory and in the bucket. A base that cannot be
+ * read, is version 1 or has another chunk size or host layout simply
+ * means no dedup for this save.
  *
  * A gs:// root. Reading the base from the bucket would put round trips
  * into ckpt_save()'s stall, so the handle keeps the index of the step it

@@ -5,7 +5,9 @@
  * The state is fine-tuning shaped: a large "frozen" tensor first (the same
  * bytes at every step) and a small "head" that changes. Each safety rule
  * of the design has a case that fails without it: the 128-bit hash guard,
- * only plain directories refer, commit checks that refs are committed,
+ * a handle with another sink does not refer, a directory with a remote
+ * refers only to a base its upload committed in the bucket, a gs:// root
+ * to the step it committed last, commit checks that refs are committed,
  * retention and gc keep referenced steps, gc's removal order, verify names
  * a missing ref, copies refuse to produce a dangling step.
  */
