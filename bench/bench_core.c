@@ -33,7 +33,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,35 +118,6 @@ static int fail(const char *what, int err, const char *msg)
 	return 1;
 }
 
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-		 struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path) ? -1 : 0;
-}
-
-static void rm_tree(const char *path)
-{
-	nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* sync + drop the page cache; 0 or -errno (not root, read-only /proc). */
-static int drop_caches(void)
-{
-	int fd, err = 0;
-
-	sync();
-	fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (write(fd, "3\n", 2) != 2)
-		err = -errno;
-	close(fd);
-	return err;
-}
-
 static uint64_t status_kib(const char *key)
 {
 	char line[256];
@@ -174,20 +144,6 @@ static uint64_t peak_rss_bytes(void)
 	if (!kib && !getrusage(RUSAGE_SELF, &ru))
 		kib = (uint64_t)ru.ru_maxrss;
 	return kib * 1024;
-}
-
-static void mkdir_p(const char *dir)
-{
-	char buf[4096];
-
-	snprintf(buf, sizeof(buf), "%s", dir);
-	for (char *p = buf + 1; *p; p++)
-		if (*p == '/') {
-			*p = 0;
-			mkdir(buf, 0755);
-			*p = '/';
-		}
-	mkdir(buf, 0755);
 }
 
 /* ---- peak RSS, in a child process ---- */
@@ -280,7 +236,7 @@ static int run_rss(const struct opts *o, const char *base,
 	close(pfd[0]);
 	waitpid(pid, &status, 0);
 	if (!o->keep)
-		rm_tree(root);
+		synth_rm_tree(root);
 	if (n != (ssize_t)sizeof(*res)) {
 		memset(res, 0, sizeof(*res));
 		res->err = -ECHILD;
@@ -572,7 +528,7 @@ static int stall_only(const struct opts *o, const struct synth_model *m,
 		v[RCB][r] = ratio(v[CB][r], v[MC][r]);
 		v[RBF][r] = ratio(v[BF][r], v[MC][r]);
 		v[RBB][r] = ratio(v[BB][r], v[MC][r]);
-		rm_tree(root);
+		synth_rm_tree(root);
 	}
 	printf("bench_core --stall-only: state %s in %zu tensors, %u "
 	       "repetitions, pools %llu (copying) and %llu (borrowed) "
@@ -608,7 +564,7 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 	double t0, load_s;
 	int err;
 
-	rm_tree(root);
+	synth_rm_tree(root);
 	finetune_fill(m, first, 42);
 	ckpt_settings_default(&s);
 	s.staging_bytes = o->pool;
@@ -644,7 +600,7 @@ static int finetune_once(const struct opts *o, struct synth_model *m,
 		return 1;
 	}
 	ckpt_close(c);
-	drop_caches();
+	synth_drop_caches();
 	if (load_one(o, root, 2, m, dest, reqs, &load_s, &st))
 		return 1;
 	*bytes = st.file_bytes;
@@ -688,7 +644,7 @@ static int finetune(const struct opts *o, struct synth_model *m,
 		v[RB][r] = ratio(v[B1][r], v[B0][r]);
 		v[RF][r] = ratio(v[F1][r], v[F0][r]);
 	}
-	rm_tree(root);
+	synth_rm_tree(root);
 	printf("bench_core --finetune: state %s in %zu tensors, %s frozen "
 	       "(%zu tensors), codec float, %u repetitions, saves timed to "
 	       "%s\n",
@@ -790,7 +746,7 @@ int main(int argc, char **argv)
 			 ~((uint64_t)(1u << 20) - 1);
 
 	snprintf(base, sizeof(base), "%s/bench_core-%d", o.dir, (int)getpid());
-	mkdir_p(base);
+	synth_mkdir_p(base);
 
 	/* Peak RSS first, in a child, before this process grows. */
 	if (!o.no_rss) {
@@ -862,7 +818,7 @@ int main(int argc, char **argv)
 		     &res.durable_borrow_s, &res.release_borrow_s))
 		goto out;
 
-	err = drop_caches();
+	err = synth_drop_caches();
 	res.caches_dropped = !err;
 	snprintf(res.drop_note, sizeof(res.drop_note), "%s",
 		 err ? "NOT dropped (no permission to write "
@@ -871,7 +827,7 @@ int main(int argc, char **argv)
 	if (load_one(&o, root, 1, &m, dest, reqs, &res.load_none_s, NULL))
 		goto out;
 	if (res.caches_dropped)
-		drop_caches();
+		synth_drop_caches();
 	if (load_one(&o, root, 2, &m, dest, reqs, &res.load_float_s, &st))
 		goto out;
 	res.raw_float = st.raw_bytes;
@@ -1012,7 +968,7 @@ int main(int argc, char **argv)
 	rc = o.strict && missed ? 3 : 0;
 out:
 	if (!o.keep)
-		rm_tree(base);
+		synth_rm_tree(base);
 	free(dest);
 	free(reqs);
 	free(desc);

@@ -190,19 +190,6 @@ static void hwm_reset(void)
 	}
 }
 
-static int drop_caches(void)
-{
-	int fd, ok;
-
-	sync();
-	fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ok = write(fd, "3\n", 2) == 2;
-	close(fd);
-	return ok;
-}
-
 static const struct tensor *find(const struct state *s, const char *name)
 {
 	for (size_t i = 0; i < s->n; i++)
@@ -459,15 +446,15 @@ int main(int argc, char **argv)
 		const char *loc = dir ? dir : remote;
 
 		hwm_reset();
-		dropped = drop_caches();
+		dropped = synth_drop_caches() == 0;
 		printf(", \"load_all_s\": %.6f", load_all(&s, loc, &set, 2));
 		if (one) {
-			drop_caches();
+			synth_drop_caches();
 			printf(", \"load_one_s\": %.6f",
 			       load_part(&s, loc, &set, 2, one, 0));
 		}
 		if (sl) {
-			drop_caches();
+			synth_drop_caches();
 			printf(", \"load_slice_s\": %.6f",
 			       load_part(&s, loc, &set, 2, sl, 1));
 		}

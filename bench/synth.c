@@ -6,11 +6,14 @@
  * produced independently of the others: filling parallelises trivially and
  * the demo can regenerate a tensor to check a restore. The table keeps the
  * value distribution (sign, exponent spread, mantissa noise) realistic,
- * which is what matters for the float codec's ratio.
+ * which is what matters for the float codec's ratio. It also holds the
+ * small timing, sizing and file-system helpers the benchmarks share.
  */
 #include "synth.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -372,6 +376,48 @@ void synth_touch(const void *p, size_t n)
 	for (size_t o = 0; o < n; o += 4096)
 		x ^= b[o];
 	(void)x;
+}
+
+int synth_drop_caches(void)
+{
+	int fd, err = 0;
+
+	sync();
+	fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, "3\n", 2) != 2)
+		err = -errno;
+	close(fd);
+	return err;
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag,
+		 struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path) ? -1 : 0;
+}
+
+void synth_rm_tree(const char *path)
+{
+	nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void synth_mkdir_p(const char *dir)
+{
+	char buf[4096];
+
+	snprintf(buf, sizeof(buf), "%s", dir);
+	for (char *p = buf + 1; *p; p++)
+		if (*p == '/') {
+			*p = 0;
+			mkdir(buf, 0755);
+			*p = '/';
+		}
+	mkdir(buf, 0755);
 }
 
 double synth_now(void)

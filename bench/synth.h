@@ -80,6 +80,13 @@ void synth_warm(void *p, size_t n);
  * theirs after reading it and again after ckpt_open, untimed.
  */
 void synth_touch(const void *p, size_t n);
+/* sync, then drop the page cache; 0 or -errno (not root, read-only
+ * /proc: loads may then be served from the cache). */
+int synth_drop_caches(void);
+/* rm -r, best effort (no symlinks followed). */
+void synth_rm_tree(const char *path);
+/* mkdir -p, best effort. */
+void synth_mkdir_p(const char *dir);
 /* "4G", "256M", "512K", "1.5G", plain bytes. Returns 0 or -1. */
 int synth_parse_size(const char *s, uint64_t *out);
 /* "4.00 GiB" style; returns buf. */
