@@ -400,7 +400,9 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 void eng_gcs_reclaim(struct ckpt *c);
 
 /* dedup.c */
-/* 1 if this handle's saves may refer to older steps (a plain directory). */
+/* 1 if this handle's saves may refer to older steps: a directory, with
+ * or without its remote's upload sink, or a gs:// root (see dedup.c for
+ * which base each may use). */
 int eng_dedup_enabled(const struct ckpt *c);
 /* writer.c, a gs:// root: step's index (its encoded bytes) is committed;
  * kept as the base of the next deduplicating save. Frees nothing of the
