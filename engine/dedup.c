@@ -255,8 +255,15 @@ int eng_dedup_ref(eng_job *job, uint64_t k, fmt_chunk_entry *ce)
 	if (!job->ref_of) {
 		job->ref_of = malloc(nb * sizeof(*job->ref_of));
 		job->refs = calloc(nb, sizeof(*job->refs));
-		if (!job->ref_of || !job->refs)
+		if (!job->ref_of || !job->refs) {
+			/* the next reused chunk tries again: leave nothing
+			 * half-allocated for it to overwrite */
+			free(job->ref_of);
+			free(job->refs);
+			job->ref_of = NULL;
+			job->refs = NULL;
 			return -ENOMEM;
+		}
 		memset(job->ref_of, 0xff, nb * sizeof(*job->ref_of));
 	}
 	if (bc->file >= nb)
