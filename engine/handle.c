@@ -423,7 +423,10 @@ int eng_sink_add(struct ckpt *c, eng_sink *s)
 	else if (c->nsinks == ENG_MAX_SINKS)
 		r = -ENOSPC;
 	if (r == 0) {
-		s->c = c;
+		/* a sink whose thread already runs (the upload sink resuming
+		 * journals) set it itself: no second write for it to race */
+		if (s->c != c)
+			s->c = c;
 		s->index = c->nsinks;
 		s->status = 0;
 		c->sinks[c->nsinks++] = s;
