@@ -29,9 +29,11 @@
  * of this handle committed that very step in the bucket (it records the
  * newest it committed, sink_gcs_bg.c): the bucket's copy of the new step
  * then refers to bytes that are committed there too, and its commit
- * checks them again (commit.c). Otherwise (the base's upload failed, is
- * still running, or was made by an earlier process) the save is written
- * in full, in both places. A save the planner sends straight to the
+ * checks them again (commit.c). After a restart, the upload thread asks
+ * the bucket once whether it committed the directory's newest step, the
+ * same (up_probe_remote), and records it likewise. Otherwise (the base's
+ * upload failed or is still running, or the answer has not come) the save
+ * is written in full, in both places. A save the planner sends straight to the
  * bucket, and a handle with any other secondary sink, write in full; a
  * gs:// root: below. Retention and gc keep every step a kept step refers
  * to (gc.c), in the directory and in the bucket. A base that cannot be

@@ -196,6 +196,9 @@ int eng_probe_direct(const char *dir);
 /* Loads and validates root/step-N/COMMIT. CKPT_E_NOTFOUND if absent. */
 int eng_load_commit(const char *root, uint64_t step, fmt_commit *cm,
 		    char *errbuf);
+/* The same through an open location. */
+int eng_loc_load_commit(eng_loc *l, uint64_t step, fmt_commit *cm,
+			char *errbuf);
 /* Commit records decoded by eng_load_commit since the process started
  * (tests check that finding the newest step does not decode them all). */
 unsigned long eng_commit_decodes(void);

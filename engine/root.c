@@ -27,8 +27,8 @@ unsigned long eng_commit_decodes(void)
 	return atomic_load(&commit_decodes);
 }
 
-static int loc_load_commit(eng_loc *l, uint64_t step, fmt_commit *cm,
-			   char *errbuf)
+int eng_loc_load_commit(eng_loc *l, uint64_t step, fmt_commit *cm,
+			char *errbuf)
 {
 	char dname[32], err[512];
 	char *key;
@@ -80,7 +80,7 @@ int eng_load_commit(const char *root, uint64_t step, fmt_commit *cm,
 	memset(cm, 0, sizeof(*cm));
 	if (r < 0)
 		return r;
-	r = loc_load_commit(l, step, cm, errbuf);
+	r = eng_loc_load_commit(l, step, cm, errbuf);
 	eng_loc_close(l);
 	return r;
 }
@@ -169,7 +169,7 @@ int eng_scan_steps(const char *root, eng_step_ent **out, size_t *count,
 	r = loc_list_steps(l, out, count, errbuf);
 	for (i = 0; r == 0 && i < *count; i++) {
 		fmt_commit cm;
-		int lr = loc_load_commit(l, (*out)[i].step, &cm, NULL);
+		int lr = eng_loc_load_commit(l, (*out)[i].step, &cm, NULL);
 
 		/* Out of memory says nothing about the step: taking it for
 		 * uncommitted would let gc remove it as debris. */
@@ -199,7 +199,7 @@ static int loc_resolve_latest(eng_loc *l, uint64_t *step, char *errbuf)
 	for (i = n; i-- > 0;) {
 		fmt_commit cm;
 
-		r = loc_load_commit(l, v[i].step, &cm, NULL);
+		r = eng_loc_load_commit(l, v[i].step, &cm, NULL);
 		if (r == 0) {
 			fmt_commit_free(&cm);
 			*step = v[i].step;

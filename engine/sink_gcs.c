@@ -365,6 +365,8 @@ static void gs_destroy(eng_sink *es)
 	if (s->thr_started) {
 		pthread_mutex_lock(&s->mu);
 		s->stop = 1;
+		if (s->probe_gc) /* no waiting out its deadline */
+			gcs_cancel(s->probe_gc);
 		pthread_mutex_unlock(&s->mu);
 		gcs_wakeup(s->gc);
 		pthread_join(s->thr, NULL);
@@ -490,6 +492,7 @@ int eng_gcs_sink_new(struct ckpt *c, const char *remote, int direct,
 		/* best effort: only ckptctl ls's "uploading" depends on it */
 		s->hold_fd = eng_journal_hold(c->root);
 		up_load_journals(s);
+		s->probing = c->dedup; /* only dedup asks (dedup.c) */
 	}
 	if (r == 0) {
 		r = -pthread_create(&s->thr, NULL, up_main, s);
@@ -567,7 +570,8 @@ CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms)
 	pthread_mutex_unlock(&c->mu);
 	eng_realtime_after_ms(&dl, timeout_ms);
 	pthread_mutex_lock(&s->mu);
-	while (s->pending > 0 && s->st.state != CKPT_UPLOAD_FAILED && r == 0) {
+	while ((s->pending > 0 || s->probing) &&
+	       s->st.state != CKPT_UPLOAD_FAILED && r == 0) {
 		if (timeout_ms < 0)
 			pthread_cond_wait(&s->cv, &s->mu);
 		else

@@ -118,6 +118,8 @@ typedef struct gcs_sink {
 	/* status (under mu) */
 	ckpt_upload_status st;
 	unsigned pending;
+	int probing; /* up_probe_remote not done yet (ckpt_upload_wait) */
+	struct gcs_client *probe_gc; /* its client, cancelled by destroy */
 	char err[ENG_ERRMSG_MAX];
 	int unreported; /* a step failed and no save has said so yet */
 	int told;       /* writer: this save named one already */
@@ -148,6 +150,9 @@ int up_put_index(gcs_sink *s, up_step *u, const uint8_t *doc, size_t doc_len,
 void up_step_run(gcs_sink *s, up_step *u);
 /* Steps journaled by an earlier process for this remote. */
 void up_load_journals(gcs_sink *s);
+/* After a restart: is the directory's newest step committed in the bucket
+ * (for deduplicating saves, dedup.c)? Upload thread, once, first. */
+void up_probe_remote(gcs_sink *s);
 
 /* sink_gcs_up.c: the upload thread (arg: the sink) */
 void *up_main(void *arg);

@@ -20,6 +20,13 @@
  * means another host has yet to upload and will commit when it has (the
  * last host to finish sees every index); CKPT_E_EXISTS means another host
  * won: success either way. No coordinator.
+ *
+ * After a restart (up_probe_remote): deduplicating saves of the directory
+ * may refer to its newest step only once the bucket holds that step
+ * (dedup.c). The upload thread asks the bucket first thing: if its commit
+ * record of that step lists this host's index with the local index's size
+ * and XXH3 (the index names every file's hash), the step is the same
+ * there, and the first save after the restart need not be sent in full.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -702,4 +709,53 @@ void up_load_journals(gcs_sink *s)
 		eng_journal_free(&j);
 	}
 	free(steps);
+}
+
+static const fmt_file_entry *commit_entry(const fmt_commit *cm,
+					  const char *name)
+{
+	for (size_t i = 0; i < cm->nfiles; i++)
+		if (strcmp(cm->files[i].name, name) == 0)
+			return &cm->files[i];
+	return NULL;
+}
+
+void up_probe_remote(gcs_sink *s)
+{
+	struct ckpt *c = s->base.c;
+	char err[ENG_ERRMSG_MAX], iname[32];
+	const fmt_file_entry *le, *re;
+	fmt_commit lc, rc;
+	uint64_t p;
+	eng_loc *l;
+	int r, stop;
+
+	if (eng_resolve_latest(c->root, &p, err) < 0 ||
+	    eng_load_commit(c->root, p, &lc, err) < 0)
+		return;
+	r = eng_loc_open(s->remote, &l, err);
+	if (r == 0) {
+		/* ckpt_close cancels it rather than wait out its deadline */
+		pthread_mutex_lock(&s->mu);
+		stop = s->stop;
+		s->probe_gc = l->priv;
+		pthread_mutex_unlock(&s->mu);
+		r = stop ? -ECANCELED : eng_loc_load_commit(l, p, &rc, err);
+		pthread_mutex_lock(&s->mu);
+		s->probe_gc = NULL;
+		pthread_mutex_unlock(&s->mu);
+		eng_loc_close(l);
+	}
+	if (r == 0) {
+		fmt_index_name(s->host, iname);
+		le = commit_entry(&lc, iname);
+		re = commit_entry(&rc, iname);
+		/* the upload thread is remote_committed's only writer */
+		if (le && re && lc.host_count == rc.host_count &&
+		    le->size == re->size && le->xxh3 == re->xxh3 &&
+		    atomic_load(&c->remote_committed) < p + 1)
+			atomic_store(&c->remote_committed, p + 1);
+		fmt_commit_free(&rc);
+	}
+	fmt_commit_free(&lc);
 }

@@ -545,6 +545,13 @@ void *up_main(void *arg)
 	unsigned cap = 0, n, i, held;
 
 	eng_thread_background(0);
+	if (s->probing) { /* set before this thread started */
+		up_probe_remote(s);
+		pthread_mutex_lock(&s->mu);
+		s->probing = 0;
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
 	pthread_mutex_lock(&s->mu);
 	while (!s->stop) {
 		up_step *live = s->live, *bg;

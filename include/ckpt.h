@@ -533,7 +533,9 @@ typedef struct ckpt_upload_status {
 /* The upload's status; -ENOENT if the handle has no remote. */
 CKPT_API int ckpt_upload_status_get(ckpt *c, ckpt_upload_status *out);
 /* Blocks until every pending upload is committed in the bucket (or this
- * host's part is there) or failed, at most timeout_ms (< 0: no limit).
+ * host's part is there) or failed, at most timeout_ms (< 0: no limit);
+ * with CKPT_F_DEDUP, also until the upload thread has asked the bucket
+ * whether it holds the directory's newest step (done once, at open).
  * Returns 0, the upload's error, or -ETIMEDOUT. */
 CKPT_API int ckpt_upload_wait(ckpt *c, int timeout_ms);
 

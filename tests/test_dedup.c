@@ -766,7 +766,9 @@ static void upload_wait(ckpt *c)
  * upload fails): the next save is written in full. Once this handle has
  * committed the base in the bucket, the frozen chunks are neither written
  * nor uploaded again, and the bucket's copy of the step refers to the
- * bucket's base, reads back and verifies there. */
+ * bucket's base, reads back and verifies there. After a restart, the
+ * bucket's copy of the newest step serves as the base at once, unless the
+ * bucket no longer has it committed. */
 START_TEST(test_remote)
 {
 	const char *dir = tu_tmpdir(), *rem = "gs://dedup/both";
@@ -775,6 +777,7 @@ START_TEST(test_remote)
 	tu_server srv;
 	fmt_index ix;
 	uint64_t rs = 0;
+	char *url;
 	ckpt *c;
 
 	setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1", 1);
@@ -786,6 +789,18 @@ START_TEST(test_remote)
 	ck_assert_uint_eq(sink_chunks(c, 0), 17);
 	ckpt_close(c);
 	unsetenv("CKPT_GCS_DEADLINE");
+	/* the restart's question to a bucket that does not answer (retried
+	 * for the default 600 s) does not hold up ckpt_close */
+	{
+		double t0;
+
+		c = open_remote(d2, "gs://dedup/dead");
+		usleep(500 * 1000); /* the upload thread is asking */
+		t0 = tu_now_s();
+		ckpt_close(c);
+		ck_assert_msg(tu_now_s() - t0 < 60, "close took %.0f s",
+			      tu_now_s() - t0);
+	}
 	load_index(d2, 2, &ix);
 	ck_assert_uint_eq(count_refs(&ix, NULL), 0);
 	fmt_index_free(&ix);
@@ -817,6 +832,29 @@ START_TEST(test_remote)
 	/* the frozen megabyte is in the bucket once, in step 1 */
 	check_three_steps(c);
 	ck_assert_int_eq(ckpt_close(c), 0);
+
+	/* a restart: the bucket holds step 3, the same, so step 4 refers
+	 * to it at once; after step 4's COMMIT is removed from the bucket,
+	 * step 5 is sent in full */
+	c = open_remote(d1, rem);
+	upload_wait(c);
+	save_step(c, 4, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 1);
+	ck_assert_uint_eq(sink_chunks(c, 1), 1);
+	upload_wait(c);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	url = tu_path("%s/storage/v1/b/dedup/o/both%%2Fstep-%020d%%2FCOMMIT",
+		      srv.url, 4);
+	ck_assert_int_eq(gt_http("DELETE", url, NULL, NULL), 204);
+	c = open_remote(d1, rem);
+	upload_wait(c);
+	save_step(c, 5, 0);
+	ck_assert_uint_eq(sink_chunks(c, 0), 17);
+	upload_wait(c);
+	ck_assert_int_eq(ckpt_close(c), 0);
+	check_step(rem, 5);
+	ck_assert_msg(verify(rem, 5, why, sizeof(why)) == 0, "%s", why);
+	free(url);
 	tu_server_stop(&srv);
 	unsetenv("STORAGE_EMULATOR_HOST");
 	free(d1);
