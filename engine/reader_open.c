@@ -924,6 +924,38 @@ CKPT_API int ckpt_reader_file(const ckpt_reader *r, size_t i,
 	return 0;
 }
 
+CKPT_API size_t ckpt_reader_ref_steps(const ckpt_reader *r, uint64_t *steps,
+				      size_t max)
+{
+	uint64_t last = 0;
+	size_t n = 0;
+
+	if (!r || (!steps && max))
+		return 0;
+	/* the refs follow COMMIT's files; each round takes the smallest
+	 * step above the last one taken (a few steps, at most
+	 * FMT_MAX_REFS files) */
+	for (;;) {
+		uint64_t next = UINT64_MAX;
+		int found = 0;
+
+		for (size_t i = r->nlisted; i < r->nfiles; i++) {
+			uint64_t st = r->files[i].ref_step;
+
+			if ((n == 0 || st > last) && st <= next) {
+				next = st;
+				found = 1;
+			}
+		}
+		if (!found)
+			return n;
+		if (n < max)
+			steps[n] = next;
+		n++;
+		last = next;
+	}
+}
+
 CKPT_API int ckpt_reader_stats(const ckpt_reader *r, ckpt_stats *out)
 {
 	if (!r || !out)

@@ -797,6 +797,13 @@ typedef struct ckpt_file_info {
 CKPT_API size_t ckpt_reader_file_count(const ckpt_reader *r);
 CKPT_API int ckpt_reader_file(const ckpt_reader *r, size_t i,
 			      ckpt_file_info *out);
+/* A deduplicated step (CKPT_F_DEDUP): the older steps whose files it
+ * refers to, ascending, into steps[0..max). Returns how many there are
+ * (more than max when steps is too short; 0 for a step that refers to
+ * none). A copy of the step (ckpt_reader_copy) needs these at its
+ * destination first. */
+CKPT_API size_t ckpt_reader_ref_steps(const ckpt_reader *r, uint64_t *steps,
+				      size_t max);
 
 /* Size of the per-codec arrays of ckpt_stats. Fixed: adding a codec does
  * not change the struct. Entry k counts codec k (enum ckpt_codec); entries

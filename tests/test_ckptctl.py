@@ -918,6 +918,62 @@ class TestVerifyRestore(CkptctlTest):
         self.assertFails(p, "import", "chunk")
 
 
+def dedup_steps(name):
+    """Steps 1, 2, 3 of the same tensors imported with CKPT_DEDUP=1:
+    steps 2 and 3 refer to step 1's bytes."""
+    src = fresh_dir(name)
+    f = os.path.join(TMP, name + ".safetensors")
+    write_small(f, 6)
+    for step in (1, 2, 3):
+        p = run("import", "--chunk", "64K", f, "%s@%d" % (src, step),
+                env={"CKPT_DEDUP": "1"})
+        if p.returncode != 0:
+            raise AssertionError("import @%d: %s" % (step, p.err))
+    return src
+
+
+class TestCopyDeduplicated(CkptctlTest):
+    """A deduplicated step is copied after the older step it refers to,
+    which is copied first only where the destination lacks it."""
+
+    def test_restore_copies_base_first(self):
+        src = dedup_steps("dd-src")
+        dst = fresh_dir("dd-dst")
+        p = run("restore", src + "@3", "--to", dst)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertIn("restored step 1 to", p.out)
+        self.assertIn("restored step 3 to", p.out)
+        self.assertNotIn("step 2", p.out)
+        self.assertLess(p.out.index("step 1"), p.out.index("step 3"))
+        for step in (1, 3):
+            v = run("verify", "%s@%d" % (dst, step))
+            self.assertEqual(v.returncode, 0, v.err)
+        # step 2 refers to step 1 too, which dst now holds: copied alone
+        p, js = run_json("restore", "--json", src + "@2", "--to", dst)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual(js["step"], 2)
+        self.assertEqual(js["copied_first"], [])
+        dst2 = fresh_dir("dd-dst2")
+        p, js = run_json("restore", "--json", src + "@3", "--to", dst2)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertEqual((js["step"], js["copied_first"]), (3, [1]))
+        self.assertEqual(run("verify", dst2 + "@3").returncode, 0)
+
+    def test_base_that_differs_is_not_replaced(self):
+        src = dedup_steps("dd-src2")
+        dst = fresh_dir("dd-other")
+        f = os.path.join(TMP, "dd-other.safetensors")
+        write_small(f, 2)
+        p = run("import", "--chunk", "64K", f, dst + "@1")
+        self.assertEqual(p.returncode, 0, p.err)
+        # dst's step 1 is another checkpoint: step 3 is refused, and
+        # dst's step 1 stays as it was
+        p = run("restore", src + "@3", "--to", dst)
+        self.assertFails(p, "restore", "refers to step 1")
+        self.assertEqual(run("verify", dst + "@1").returncode, 0)
+        self.assertNotEqual(run("verify", dst + "@3").returncode, 0)
+
+
 class TestGcAndLocations(CkptctlTest):
     def test_gc(self):
         root = fresh_dir("gc")
@@ -1183,6 +1239,17 @@ class TestCloudStorage(CkptctlTest):
         p, js = run_json("ls", "--json", gs, env=self.env)
         self.assertEqual([s["step"] for s in js["steps"]], [3, 4])
         self.assertEqual(self.ctl("verify", gs + "@3").returncode, 0)
+
+    def test_push_deduplicated(self):
+        src = dedup_steps("dd-push")
+        gs = self.gs("dedup")
+        p = self.ctl("push", src + "@3", gs)
+        self.assertEqual(p.returncode, 0, p.err)
+        self.assertIn("pushed step 1 to %s" % gs, p.out)
+        self.assertIn("pushed step 3 to %s" % gs, p.out)
+        for step in (1, 3):
+            v = self.ctl("verify", "%s@%d" % (gs, step))
+            self.assertEqual(v.returncode, 0, v.err)
 
     def test_push_usage(self):
         self.assertUsage(self.ctl("push", ROOT))

@@ -624,6 +624,7 @@ START_TEST(test_copy)
 	char *d2 = tu_path("%s/copy", dir);
 	ckpt *c = open_dedup(dir, CKPT_F_DEDUP, 0);
 	ckpt_reader *r1 = NULL, *r2 = NULL;
+	uint64_t rs[2] = { 99, 99 };
 	int rc;
 
 	save_step(c, 1, 0);
@@ -631,6 +632,12 @@ START_TEST(test_copy)
 	ckpt_close(c);
 	ck_assert_int_eq(ckpt_reader_open(&r1, dir, 1, NULL), 0);
 	ck_assert_int_eq(ckpt_reader_open(&r2, dir, 2, NULL), 0);
+	/* what ckptctl copies first: step 1 for step 2, nothing for 1 */
+	ck_assert_uint_eq(ckpt_reader_ref_steps(r1, NULL, 0), 0);
+	ck_assert_uint_eq(ckpt_reader_ref_steps(r2, NULL, 0), 1);
+	ck_assert_uint_eq(ckpt_reader_ref_steps(r2, rs, 2), 1);
+	ck_assert_uint_eq(rs[0], 1);
+	ck_assert_uint_eq(rs[1], 99); /* untouched past the count */
 	rc = ckpt_reader_copy(r2, d2, NULL, NULL);
 	ck_assert_msg(rc == CKPT_E_NOTFOUND, "%d %s", rc,
 		      ckpt_reader_errmsg(r2));

@@ -6,8 +6,11 @@
  * XXH3 and commits at the destination only when all matched (to gs://:
  * resumable uploads with crc32c, COMMIT created last, only if absent);
  * this file refuses a copy onto the source itself (realpath, or the same
- * gs:// string) because that would truncate what it reads. push is
- * restore with a local source and a gs:// destination.
+ * gs:// string) because that would truncate what it reads, and copies the
+ * older steps a deduplicated step refers to first where the destination
+ * lacks them (ckpt_reader_ref_steps; those refer only to steps older
+ * still, so the recursion ends). push is restore with a local source and
+ * a gs:// destination.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -30,8 +33,8 @@ static const char help_restore[] =
 	"at the destination only if everything matched, its commit record\n"
 	"written last. DEST must not be LOCATION itself. Ctrl-C cancels;\n"
 	"nothing is committed then. A deduplicated step (one that refers to\n"
-	"an older step's bytes) is copied only where that older step is\n"
-	"committed: copy it first.\n"
+	"older steps' bytes) goes after those steps: the ones DEST lacks are\n"
+	"copied first, oldest first, each committed on its own.\n"
 	"\n"
 	"Options:\n"
 	"  -t, --to DEST     destination root (required; a directory is created\n"
@@ -57,8 +60,9 @@ static const char help_push[] =
 	"(default 8) parallel uploads; the commit record is created last, only if\n"
 	"absent, so readers never see a partial step. A push interrupted\n"
 	"before its commit, run again, keeps the objects already sent (same\n"
-	"size and crc32c) and sends the rest. A deduplicated step is pushed\n"
-	"only after the steps it refers to. The same as\n"
+	"size and crc32c) and sends the rest. A deduplicated step goes after\n"
+	"the older steps it refers to: those the bucket lacks are pushed\n"
+	"first. The same as\n"
 	"'ckptctl restore DIR[@STEP] --to gs://BUCKET/PREFIX'.\n"
 	"\n"
 	"Options:\n"
@@ -93,16 +97,59 @@ static int same_root(const cli_location *a, const cli_location *b)
 	return same;
 }
 
-/* Copies loc's step to dst (both parsed); the exit status. */
+/* 1 if dst has step committed (readable). */
+static int dst_holds(const cli_location *dst, uint64_t step)
+{
+	ckpt_reader *d = NULL;
+
+	if (ckpt_reader_open(&d, dst->path, step, NULL) < 0)
+		return 0;
+	ckpt_reader_close(d);
+	return 1;
+}
+
 static int copy_step(const cli_location *loc, const cli_location *dst, int json,
-		     const char *verb)
+		     const char *verb, json_t *also);
+
+/* The older steps r's step refers to that dst lacks, copied first; their
+ * numbers go into `also` (JSON output) or a line each. */
+static int copy_refs(ckpt_reader *r, const cli_location *loc,
+		     const cli_location *dst, const char *verb, json_t *also)
+{
+	size_t n = ckpt_reader_ref_steps(r, NULL, 0), i;
+	uint64_t *steps = n ? calloc(n, sizeof(*steps)) : NULL;
+	int ret = 0;
+
+	if (n && !steps) {
+		cli_err("out of memory");
+		return 1;
+	}
+	n = ckpt_reader_ref_steps(r, steps, n);
+	for (i = 0; i < n && ret == 0; i++) {
+		cli_location sub = *loc;
+
+		if (dst_holds(dst, steps[i]))
+			continue;
+		sub.has_step = 1;
+		sub.step = steps[i];
+		ret = copy_step(&sub, dst, also != NULL, verb, also);
+	}
+	free(steps);
+	return ret;
+}
+
+/* Copies loc's step to dst (both parsed), after the steps it refers to;
+ * the exit status. Nested copies (also != NULL when json) add their step
+ * to `also` rather than print an object of their own. */
+static int copy_step(const cli_location *loc, const cli_location *dst, int json,
+		     const char *verb, json_t *also)
 {
 	ckpt_reader *r = NULL;
 	cli_progress p;
 	size_t nf;
 	uint64_t bytes, step;
 	char label[64];
-	int rc, ret = 1;
+	int rc, ret = 1, top = !also;
 
 	if (cli_location_usable(dst, 0))
 		return 1;
@@ -117,6 +164,10 @@ static int copy_step(const cli_location *loc, const cli_location *dst, int json,
 		cli_err("%s: %s", dst->path, strerror(-rc));
 		goto out;
 	}
+	if (top && json)
+		also = cli_jcheck(json_array());
+	if (copy_refs(r, loc, dst, verb, json ? also : NULL))
+		goto out;
 	step = ckpt_reader_step(r);
 	cli_files_total(r, &nf, &bytes);
 	snprintf(label, sizeof(label), "%s step %" PRIu64, verb, step);
@@ -127,9 +178,14 @@ static int copy_step(const cli_location *loc, const cli_location *dst, int json,
 		cli_err("%s", cli_libmsg(ckpt_reader_errmsg(r), rc));
 		goto out;
 	}
-	if (json) {
+	if (json && !top) {
+		cli_jappend(also, cli_ju64(step));
+	} else if (json) {
 		json_t *o = cli_jcheck(json_object());
 		cli_jset(o, "step", cli_ju64(step));
+		/* the older steps copied first, for this one refers to them */
+		cli_jset(o, "copied_first", also);
+		also = NULL;
 		cli_jset(o, "source", cli_jstr(loc->path));
 		cli_jset(o, "destination", cli_jstr(dst->path));
 		cli_jset(o, "files", cli_ju64(nf));
@@ -144,6 +200,8 @@ static int copy_step(const cli_location *loc, const cli_location *dst, int json,
 	}
 	ret = 0;
 out:
+	if (top)
+		json_decref(also);
 	ckpt_reader_close(r);
 	return ret;
 }
@@ -178,7 +236,7 @@ static int cmd_restore(int argc, char **argv)
 		cli_location_free(&loc);
 		return rc;
 	}
-	ret = copy_step(&loc, &dst, json, "restore");
+	ret = copy_step(&loc, &dst, json, "restore", NULL);
 	cli_location_free(&loc);
 	cli_location_free(&dst);
 	return ret;
@@ -212,7 +270,7 @@ static int cmd_push(int argc, char **argv)
 		ret = cli_usage("push takes a local DIR[@STEP] and a "
 				"gs://BUCKET/PREFIX (or use restore)");
 	} else {
-		ret = copy_step(&loc, &dst, json, "push");
+		ret = copy_step(&loc, &dst, json, "push", NULL);
 	}
 	cli_location_free(&loc);
 	cli_location_free(&dst);
