@@ -33,9 +33,9 @@
  * the bucket once whether it committed the directory's newest step, the
  * same (up_probe_remote), and records it likewise. Otherwise (the base's
  * upload failed or is still running, or the answer has not come) the save
- * is written in full, in both places. A save the planner sends straight to the
- * bucket, and a handle with any other secondary sink, write in full; a
- * gs:// root: below. Retention and gc keep every step a kept step refers
+ * is written in full, in both places. A save the planner sends straight
+ * to the bucket, and a handle with any other secondary sink, write in
+ * full; a gs:// root: below. Retention and gc keep every step a kept step refers
  * to (gc.c), in the directory and in the bucket. A base that cannot be
  * read, is version 1 or has another chunk size or host layout simply
  * means no dedup for this save.
@@ -119,7 +119,7 @@ static int remote_holds(struct ckpt *c, uint64_t base)
 static int load_base(struct ckpt *c, uint64_t step, fmt_index *ix)
 {
 	char err[ENG_ERRMSG_MAX], iname[32], dname[32];
-	const fmt_file_entry *ie = NULL;
+	const fmt_file_entry *ie;
 	fmt_commit cm;
 	uint8_t *buf = NULL;
 	size_t len = 0;
@@ -133,9 +133,7 @@ static int load_base(struct ckpt *c, uint64_t step, fmt_index *ix)
 	if (r < 0)
 		return r;
 	fmt_index_name(c->s.host_index, iname);
-	for (size_t i = 0; i < cm.nfiles; i++)
-		if (strcmp(cm.files[i].name, iname) == 0)
-			ie = &cm.files[i];
+	ie = fmt_commit_find(&cm, iname);
 	r = -ENOENT;
 	fmt_step_dirname(p, dname);
 	if (ie && cm.host_count == c->s.host_count)

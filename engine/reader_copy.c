@@ -585,15 +585,14 @@ static int cp_check_refs(ckpt_reader *r, const char *dst_root)
 	for (size_t i = r->nlisted; i < r->nfiles; i++) {
 		const struct rd_file *f = &r->files[i];
 		char err[ENG_ERRMSG_MAX];
+		const fmt_file_entry *fe;
 		fmt_commit cm;
 		int found = 0,
 		    rc = eng_load_commit(dst_root, f->ref_step, &cm, err);
 
 		if (rc == 0) {
-			for (size_t j = 0; j < cm.nfiles; j++)
-				found |= !strcmp(cm.files[j].name, f->name) &&
-					 cm.files[j].size == f->size &&
-					 cm.files[j].xxh3 == f->xxh3;
+			fe = fmt_commit_find(&cm, f->name);
+			found = fe && fe->size == f->size && fe->xxh3 == f->xxh3;
 			fmt_commit_free(&cm);
 		} else if (rc != CKPT_E_NOTFOUND) {
 			/* not "absent": unreachable, corrupt, denied */

@@ -711,15 +711,6 @@ void up_load_journals(gcs_sink *s)
 	free(steps);
 }
 
-static const fmt_file_entry *commit_entry(const fmt_commit *cm,
-					  const char *name)
-{
-	for (size_t i = 0; i < cm->nfiles; i++)
-		if (strcmp(cm->files[i].name, name) == 0)
-			return &cm->files[i];
-	return NULL;
-}
-
 void up_probe_remote(gcs_sink *s)
 {
 	struct ckpt *c = s->base.c;
@@ -748,8 +739,8 @@ void up_probe_remote(gcs_sink *s)
 	}
 	if (r == 0) {
 		fmt_index_name(s->host, iname);
-		le = commit_entry(&lc, iname);
-		re = commit_entry(&rc, iname);
+		le = fmt_commit_find(&lc, iname);
+		re = fmt_commit_find(&rc, iname);
 		/* the upload thread is remote_committed's only writer */
 		if (le && re && lc.host_count == rc.host_count &&
 		    le->size == re->size && le->xxh3 == re->xxh3 &&

@@ -352,5 +352,8 @@ int fmt_commit_encode(const fmt_commit *cm, uint8_t **out, size_t *out_len);
 int fmt_commit_decode(const uint8_t *file, size_t file_len, fmt_commit *cm,
 		      char *err, size_t errlen);
 void fmt_commit_free(fmt_commit *cm);
+/* The entry of file `name` in a decoded record, or NULL (names are unique
+ * there). */
+const fmt_file_entry *fmt_commit_find(const fmt_commit *cm, const char *name);
 
 #endif /* CKPT_FMT_H */

@@ -340,3 +340,11 @@ void fmt_commit_free(fmt_commit *cm)
 	free(cm->refs);
 	memset(cm, 0, sizeof(*cm));
 }
+
+const fmt_file_entry *fmt_commit_find(const fmt_commit *cm, const char *name)
+{
+	for (size_t i = 0; i < cm->nfiles; i++)
+		if (strcmp(cm->files[i].name, name) == 0)
+			return &cm->files[i];
+	return NULL;
+}
