@@ -932,9 +932,11 @@ CKPT_API size_t ckpt_reader_ref_steps(const ckpt_reader *r, uint64_t *steps,
 
 	if (!r || (!steps && max))
 		return 0;
-	/* the refs follow COMMIT's files; each round takes the smallest
-	 * step above the last one taken (a few steps, at most
-	 * FMT_MAX_REFS files) */
+	/* from the files the indexes refer to, which are what
+	 * ckpt_reader_copy checks at the destination (COMMIT's own list of
+	 * steps is not compared with them here); they follow COMMIT's files.
+	 * Each round takes the smallest step above the last one taken (a
+	 * few steps, at most FMT_MAX_REFS files per host) */
 	for (;;) {
 		uint64_t next = UINT64_MAX;
 		int found = 0;

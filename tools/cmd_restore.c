@@ -166,7 +166,7 @@ static int copy_step(const cli_location *loc, const cli_location *dst, int json,
 	}
 	if (top && json)
 		also = cli_jcheck(json_array());
-	if (copy_refs(r, loc, dst, verb, json ? also : NULL))
+	if (copy_refs(r, loc, dst, verb, also))
 		goto out;
 	step = ckpt_reader_step(r);
 	cli_files_total(r, &nf, &bytes);
