@@ -46,37 +46,17 @@ static int nctx;     /* unique names */
 
 static void rule(const char *mode, const char *match)
 {
-	char url[192], body[256];
-
-	snprintf(url, sizeof(url), "%s/_fake/hostile", gk_srv.url);
-	snprintf(body, sizeof(body), "{\"mode\": \"%s\", \"match\": \"%s\"}",
-		 mode, match);
-	ck_assert_int_eq(gt_http("POST", url, body, NULL), 200);
+	gt_rule(gk_srv.url, mode, match);
 }
 
-/* How many times the rules fired in all. */
 static long rules_fired(void)
 {
-	char url[192], *resp = NULL, *p;
-	long fired = 0;
-
-	snprintf(url, sizeof(url), "%s/_fake/hostile", gk_srv.url);
-	ck_assert_int_eq(gt_http("GET", url, NULL, &resp), 200);
-	for (p = resp; p && (p = strstr(p, "\"fired\": ")); p += 9)
-		fired += atol(p + 9);
-	free(resp);
-	return fired;
+	return gt_rules_fired(gk_srv.url);
 }
 
-/* Removes every rule; returns how many times they fired in all. */
 static long rules_clear(void)
 {
-	char url[192];
-	long fired = rules_fired();
-
-	snprintf(url, sizeof(url), "%s/_fake/hostile", gk_srv.url);
-	ck_assert_int_eq(gt_http("DELETE", url, NULL, NULL), 204);
-	return fired;
+	return gt_rules_clear(gk_srv.url);
 }
 
 /* A path the lie reached (the rule fired since `before`; with no rule:

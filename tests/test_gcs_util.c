@@ -102,6 +102,39 @@ long gt_http(const char *method, const char *url, const char *body, char **resp)
 	return st;
 }
 
+void gt_rule(const char *base, const char *mode, const char *match)
+{
+	char url[256], body[256];
+
+	snprintf(url, sizeof(url), "%s/_fake/hostile", base);
+	snprintf(body, sizeof(body), "{\"mode\": \"%s\", \"match\": \"%s\"}",
+		 mode, match);
+	ck_assert_int_eq(gt_http("POST", url, body, NULL), 200);
+}
+
+long gt_rules_fired(const char *base)
+{
+	char url[256], *resp = NULL, *p;
+	long fired = 0;
+
+	snprintf(url, sizeof(url), "%s/_fake/hostile", base);
+	ck_assert_int_eq(gt_http("GET", url, NULL, &resp), 200);
+	for (p = resp; p && (p = strstr(p, "\"fired\": ")); p += 9)
+		fired += atol(p + 9);
+	free(resp);
+	return fired;
+}
+
+long gt_rules_clear(const char *base)
+{
+	char url[256];
+	long fired = gt_rules_fired(base);
+
+	snprintf(url, sizeof(url), "%s/_fake/hostile", base);
+	ck_assert_int_eq(gt_http("DELETE", url, NULL, NULL), 204);
+	return fired;
+}
+
 const char *gt_retry_test(const char *base, const char *method,
 			  const char *const *instr, size_t n)
 {

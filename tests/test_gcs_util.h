@@ -39,6 +39,14 @@ const char *gt_retry_test(const char *base, const char *method,
 /* 1 if every instruction was consumed, 0 if not, -1 on error. */
 int gt_retry_test_completed(const char *base, const char *id);
 
+/* The fake's hostile rules (BASE/_fake/hostile, fake_gcs_hostile.py):
+ * adds one (the test fails if the server refuses it); how many times the
+ * rules fired in all; removes every rule and says how many times they
+ * fired. */
+void gt_rule(const char *base, const char *mode, const char *match);
+long gt_rules_fired(const char *base);
+long gt_rules_clear(const char *base);
+
 /* Hostile server: for each request, fn(arg, fd, method, target, headers)
  * writes whatever it likes to fd; the connection is closed afterwards. */
 typedef void (*gt_hostile_fn)(void *arg, int fd, const char *method,

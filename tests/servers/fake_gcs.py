@@ -110,7 +110,8 @@ Fault injection, storage-testbench's retry-test interface:
 - FAKE hostile modes (POST /_fake/hostile): answers that lie (a flipped
   byte under a true x-goog-hash, a truncated body, garbage JSON, an
   endless list, a 308 claiming unsent bytes, a session URI on another
-  host), for matching objects only; see fake_gcs_hostile.py.
+  host) or no answer at all, for matching objects only; see
+  fake_gcs_hostile.py.
 - FAKE lost replies (POST /_fake/lost_reply {"bucket", "name", "times"}):
   the request completing an upload to that object stores it, then the
   connection is reset instead of answering, `times` times; see

@@ -30,6 +30,11 @@ Modes:
                    Range claims 1 MiB past the end of the piece
   foreign-location resumable initiation: the session URI names another
                    host (127.0.0.2:9); the session exists all the same
+  silent           any request about a matching object (metadata, media,
+                   uploads) gets no answer at all: it is held until the
+                   rules are cleared (DELETE) or SILENT_MAX_S pass, then
+                   its connection is dropped (a bucket that stopped
+                   answering; clients wait out their own timeouts)
 
 Hooks (fake_gcs.py calls two functions): control() serves the endpoint;
 intercept() is called for each routed API request and answers it itself
@@ -44,7 +49,9 @@ import threading
 import urllib.parse
 
 MODES = ("bad-crc", "truncate", "garbage-list", "garbage-stat",
-         "garbage-upload", "endless-list", "range-lie", "foreign-location")
+         "garbage-upload", "endless-list", "range-lie", "foreign-location",
+         "silent")
+SILENT_MAX_S = 600
 ENDLESS = itertools.count()
 OVERRIDES = ("send_json", "send_empty", "sendfile")
 GARBAGE = b'{"kind": "storage#object", "name": "x", "size": '
@@ -57,6 +64,7 @@ class Rules:
         self.lock = threading.Lock()
         self.rules = []
         self.ids = itertools.count(1)
+        self.cleared = threading.Event()  # set by DELETE: silent ends
 
     def add(self, req):
         mode = req.get("mode")
@@ -68,6 +76,7 @@ class Rules:
              "times": int(req.get("times") or 0), "fired": 0}
         with self.lock:
             self.rules.append(r)
+            self.cleared.clear()
         return r
 
     def take(self, modes, target):
@@ -108,6 +117,7 @@ def control(h, method):
     if method == "DELETE":
         with rules.lock:
             rules.rules = []
+            rules.cleared.set()
         h.send_empty(204)
         return True
     return False
@@ -146,6 +156,9 @@ def intercept(h, method, params):
     if not rules.rules:
         return False
     target = _target(h, method, params)
+    rule = rules.take(("silent",), target)
+    if rule:
+        _silent(h, rule)
     media = method == "storage.objects.get" and (
         h.args.get("alt") == "media" or
         h.rawpath.startswith("/download/"))
@@ -166,6 +179,13 @@ def intercept(h, method, params):
     elif method == "storage.objects.insert":
         return _upload(h, rules, target)
     return False
+
+
+def _silent(h, rule):
+    """No answer: held until the rules are cleared, then dropped."""
+    h.server.hostile.fire(rule)
+    h.server.hostile.cleared.wait(SILENT_MAX_S)
+    h.drop()
 
 
 def _endless(h, rule):
