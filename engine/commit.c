@@ -110,9 +110,21 @@ static int check_refs(eng_loc *l, const char *root, uint32_t h,
 int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		    char *errbuf)
 {
+	eng_loc *l = NULL;
+	int r = eng_loc_open(root, &l, errbuf);
+
+	if (r == 0)
+		r = eng_commit_step_loc(l, host_count, step, errbuf);
+	eng_loc_close(l);
+	return r;
+}
+
+int eng_commit_step_loc(eng_loc *l, uint32_t host_count, uint64_t step,
+			char *errbuf)
+{
+	const char *root = l->where;
 	char dname[32], iname[32], err[512];
 	char *key = NULL;
-	eng_loc *l = NULL;
 	fmt_index *ix = NULL;
 	fmt_commit cm;
 	fmt_file_entry *files = NULL;
@@ -127,9 +139,6 @@ int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 
 	memset(&cm, 0, sizeof(cm));
 	fmt_step_dirname(step, dname);
-	r = eng_loc_open(root, &l, errbuf);
-	if (r < 0)
-		goto out;
 	r = step_key(&key, dname, FMT_COMMIT_NAME, errbuf);
 	if (r < 0)
 		goto out;
@@ -311,7 +320,6 @@ out:
 	free(buf);
 	free(out);
 	free(key);
-	eng_loc_close(l);
 	return r;
 }
 

@@ -425,6 +425,10 @@ int eng_dedup_ref(eng_job *job, uint64_t k, fmt_chunk_entry *ce);
 /* The commit of ckpt_commit(): errbuf gets the message. */
 int eng_commit_step(const char *root, uint32_t host_count, uint64_t step,
 		    char *errbuf);
+/* The same on an open location (messages name l->where): a caller that
+ * must be able to cancel it holds the location's client. */
+int eng_commit_step_loc(eng_loc *l, uint32_t host_count, uint64_t step,
+			char *errbuf);
 /* Retention + optional debris removal; skip_step is never touched
  * (UINT64_MAX: none). fn (may be NULL) is told of every step directory
  * removed (see ckpt_gc_fn). */

@@ -365,10 +365,12 @@ static void gs_destroy(eng_sink *es)
 	if (s->thr_started) {
 		pthread_mutex_lock(&s->mu);
 		s->stop = 1;
-		if (s->probe_gc) /* no waiting out its deadline */
-			gcs_cancel(s->probe_gc);
+		/* no waiting out a silent bucket's deadline: what is
+		 * unfinished stays journaled (up_step_failed) */
+		if (s->side_gc)
+			gcs_cancel(s->side_gc);
 		pthread_mutex_unlock(&s->mu);
-		gcs_wakeup(s->gc);
+		gcs_cancel(s->gc);
 		pthread_join(s->thr, NULL);
 	}
 	/* unfinished steps stay in their journals for the next open */

@@ -119,7 +119,9 @@ typedef struct gcs_sink {
 	ckpt_upload_status st;
 	unsigned pending;
 	int probing; /* up_probe_remote not done yet (ckpt_upload_wait) */
-	struct gcs_client *probe_gc; /* its client, cancelled by destroy */
+	/* the client of up_side_open's location while it is open: destroy
+	 * cancels it, as it cancels gc */
+	struct gcs_client *side_gc;
 	char err[ENG_ERRMSG_MAX];
 	int unreported; /* a step failed and no save has said so yet */
 	int told;       /* writer: this save named one already */
@@ -150,6 +152,15 @@ int up_put_index(gcs_sink *s, up_step *u, const uint8_t *doc, size_t doc_len,
 void up_step_run(gcs_sink *s, up_step *u);
 /* Steps journaled by an earlier process for this remote. */
 void up_load_journals(gcs_sink *s);
+/*
+ * The remote as a gs:// backend location for the upload thread's own
+ * requests (the restart probe, the bucket commit), on a client of its own
+ * that ckpt_close cancels (gs_destroy) rather than wait out a silent
+ * bucket's deadline. -ECANCELED once the handle is closing. Closed with
+ * up_side_close.
+ */
+int up_side_open(gcs_sink *s, eng_loc **l, char *err);
+void up_side_close(gcs_sink *s, eng_loc *l);
 /* After a restart: is the directory's newest step committed in the bucket
  * (for deduplicating saves, dedup.c)? Upload thread, once, first. */
 void up_probe_remote(gcs_sink *s);

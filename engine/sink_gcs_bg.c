@@ -15,8 +15,11 @@
  * that differ and no object completes from a changed file.
  *
  * Commit: after its index object is there, each host tries the commit of
- * the step through the gs:// backend (eng_commit_step: every host's index
- * present, COMMIT created with ifGenerationMatch=0). CKPT_E_INCOMPLETE
+ * the step through the gs:// backend (eng_commit_step_loc: every host's
+ * index present, COMMIT created with ifGenerationMatch=0), on a location
+ * of its own that ckpt_close cancels (up_side_open), as it cancels the
+ * uploads: a close never waits out a silent bucket, and what was cut
+ * short stays journaled, not failed. CKPT_E_INCOMPLETE
  * means another host has yet to upload and will commit when it has (the
  * last host to finish sees every index); CKPT_E_EXISTS means another host
  * won: success either way. No coordinator.
@@ -171,8 +174,15 @@ void up_set_status(gcs_sink *s, up_step *u, int state)
 void up_step_failed(gcs_sink *s, up_step *u, int r, const char *msg)
 {
 	struct ckpt *c = s->base.c;
-	int was = u->state;
+	int was = u->state, closing;
 
+	/* ckpt_close cancelled it (gs_destroy): not a failure, the step
+	 * stays journaled as it was for the next ckpt_open */
+	pthread_mutex_lock(&s->mu);
+	closing = s->stop;
+	pthread_mutex_unlock(&s->mu);
+	if (r == -ECANCELED && closing)
+		return;
 	u->state = ST_FAILED;
 	r = eng_gcs_code(r);
 	/* the journal says so too (ckptctl ls), unless writing it failed */
@@ -521,6 +531,7 @@ static void step_commit(gcs_sink *s, up_step *u)
 {
 	char err[ENG_ERRMSG_MAX];
 	int r, state = CKPT_UPLOAD_COMMITTED;
+	eng_loc *l = NULL;
 
 	err[0] = 0;
 	if (!u->index_done) {
@@ -532,7 +543,10 @@ static void step_commit(gcs_sink *s, up_step *u)
 		u->index_done = 1;
 		up_journal_save(s, u);
 	}
-	r = eng_commit_step(s->remote, s->hosts, u->step, err);
+	r = up_side_open(s, &l, err);
+	if (r == 0)
+		r = eng_commit_step_loc(l, s->hosts, u->step, err);
+	up_side_close(s, l);
 	/* another host's part is missing: it commits when it lands */
 	if (r == CKPT_E_INCOMPLETE && s->hosts > 1 &&
 	    strstr(err, "has not written its index"))
@@ -711,6 +725,31 @@ void up_load_journals(gcs_sink *s)
 	free(steps);
 }
 
+int up_side_open(gcs_sink *s, eng_loc **l, char *err)
+{
+	int r = eng_loc_open(s->remote, l, err), stop;
+
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&s->mu);
+	stop = s->stop;
+	s->side_gc = (*l)->priv;
+	pthread_mutex_unlock(&s->mu);
+	return stop ? eng_err(err, -ECANCELED, "%s: the handle is closing",
+			      s->remote) :
+		      0;
+}
+
+void up_side_close(gcs_sink *s, eng_loc *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->side_gc = NULL;
+	pthread_mutex_unlock(&s->mu);
+	eng_loc_close(l);
+}
+
 void up_probe_remote(gcs_sink *s)
 {
 	struct ckpt *c = s->base.c;
@@ -718,25 +757,16 @@ void up_probe_remote(gcs_sink *s)
 	const fmt_file_entry *le, *re;
 	fmt_commit lc, rc;
 	uint64_t p;
-	eng_loc *l;
-	int r, stop;
+	eng_loc *l = NULL;
+	int r;
 
 	if (eng_resolve_latest(c->root, &p, err) < 0 ||
 	    eng_load_commit(c->root, p, &lc, err) < 0)
 		return;
-	r = eng_loc_open(s->remote, &l, err);
-	if (r == 0) {
-		/* ckpt_close cancels it rather than wait out its deadline */
-		pthread_mutex_lock(&s->mu);
-		stop = s->stop;
-		s->probe_gc = l->priv;
-		pthread_mutex_unlock(&s->mu);
-		r = stop ? -ECANCELED : eng_loc_load_commit(l, p, &rc, err);
-		pthread_mutex_lock(&s->mu);
-		s->probe_gc = NULL;
-		pthread_mutex_unlock(&s->mu);
-		eng_loc_close(l);
-	}
+	r = up_side_open(s, &l, err);
+	if (r == 0)
+		r = eng_loc_load_commit(l, p, &rc, err);
+	up_side_close(s, l);
 	if (r == 0) {
 		fmt_index_name(s->host, iname);
 		le = fmt_commit_find(&lc, iname);

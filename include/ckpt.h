@@ -292,7 +292,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s);
  * also waits for the upload to be committed in the bucket, until 3 s
  * before the notice's deadline at most: the VM is about to stop, and a
  * node that does not come back keeps nothing local. What is left stays
- * journaled for the next ckpt_open (the journal says which).
+ * journaled for the next ckpt_open (the journal says which). Requests
+ * still in flight to the bucket are cancelled, not waited for: a bucket
+ * that stopped answering does not hold up the close.
  * In a child of fork() it only releases the child's copy (see the top).
  */
 CKPT_API int ckpt_close(ckpt *c);

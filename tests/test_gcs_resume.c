@@ -12,6 +12,7 @@
  * step committed in the bucket is complete by its indexes; no journal is
  * left. Rounds: CKPT_GCS_RESUME_ROUNDS (default 30). The count of rounds
  * that really resumed something is printed, not asserted (timing).
+ * close_silent: a close while the bucket does not answer, then a resume.
  */
 #include "test_gcs_ckpt.h"
 #include "test_gcs_util.h"
@@ -35,7 +36,7 @@
 #define BUCKET "ckpt-resume"
 #define REMOTE "gs://" BUCKET "/run"
 
-static ckpt *open_both(const char *dir)
+static ckpt *open_at(const char *dir, const char *remote)
 {
 	ckpt_settings s;
 	ckpt *c = NULL;
@@ -45,7 +46,7 @@ static ckpt *open_both(const char *dir)
 	s.chunk_bytes = 1u << 20;
 	s.threads = 1;
 	s.codec = CKPT_CODEC_NONE;
-	s.remote = REMOTE;
+	s.remote = remote;
 	if (ckpt_open(&c, dir, &s) < 0) {
 		fprintf(stderr, "ckpt_open: %s\n", ckpt_errmsg(NULL));
 		_exit(2);
@@ -53,16 +54,27 @@ static ckpt *open_both(const char *dir)
 	return c;
 }
 
+static ckpt *open_both(const char *dir)
+{
+	return open_at(dir, REMOTE);
+}
+
+static void make_set(tu_set *set, uint64_t step)
+{
+	uint64_t shape[1] = { (12u << 20) / 4 + step };
+
+	tu_set_init(set);
+	tu_set_add(set, "w", CKPT_F32, 1, shape, step);
+	shape[0] = (6u << 20) / 4 + 7;
+	tu_set_add(set, "b", CKPT_F32, 1, shape, step + 1000);
+}
+
 static void child_save(const char *dir, uint64_t step)
 {
 	ckpt *c = open_both(dir);
 	tu_set set;
-	uint64_t shape[1] = { (12u << 20) / 4 + step };
 
-	tu_set_init(&set);
-	tu_set_add(&set, "w", CKPT_F32, 1, shape, step);
-	shape[0] = (6u << 20) / 4 + 7;
-	tu_set_add(&set, "b", CKPT_F32, 1, shape, step + 1000);
+	make_set(&set, step);
 	if (tu_save(c, step, &set) < 0 || ckpt_upload_wait(c, -1) < 0)
 		_exit(3);
 	ckpt_close(c);
@@ -189,9 +201,90 @@ START_TEST(kill_and_resume)
 }
 END_TEST
 
+/* 1 if step's journal in dir records an error. */
+static int journal_error(const char *dir, uint64_t step)
+{
+	char *p = tu_path("%s/.upload/step-%" PRIu64 ".journal", dir, step);
+	char buf[8192];
+	FILE *f = fopen(p, "r");
+	size_t n;
+
+	ck_assert_msg(f, "%s: %s", p, strerror(errno));
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	free(p);
+	return strstr(buf, "\"error\"") != NULL;
+}
+
+/*
+ * A bucket that stops answering (the fake's "silent" rule holds every
+ * request about the object) while the upload commits a step: ckpt_close
+ * returns at once rather than wait out the operation's deadline (600 s by
+ * default), the step stays journaled with no error recorded, and the next
+ * ckpt_open commits it once the bucket answers again. Once on the host
+ * index (put by the upload's own client), once on COMMIT (the bucket
+ * commit's client).
+ */
+START_TEST(close_silent)
+{
+	static const char *const match[] = { "h00000.index", "COMMIT" };
+	struct gcs_client *gc = gk_client(gk_srv.url);
+	char why[512];
+
+	for (unsigned k = 0; k < 2; k++) {
+		char *dir = tu_path("%s/silent%u", tu_tmpdir(), k);
+		char *remote = tu_path("gs://" BUCKET "/silent%u", k);
+		char *prefix = tu_path("silent%u", k);
+		char *obj = gk_object(prefix, 1, "COMMIT");
+		double t0;
+		tu_set set;
+		ckpt *c;
+
+		gt_rule(gk_srv.url, "silent", match[k]);
+		c = open_at(dir, remote);
+		make_set(&set, 1);
+		ck_assert_int_eq(tu_save(c, 1, &set), 0);
+		t0 = tu_now_s();
+		while (gt_rules_fired(gk_srv.url) == 0) {
+			ck_assert_msg(tu_now_s() - t0 < 120,
+				      "%s: the upload never got there",
+				      match[k]);
+			usleep(20 * 1000);
+		}
+		t0 = tu_now_s();
+		ckpt_close(c);
+		ck_assert_msg(tu_now_s() - t0 < 30,
+			      "%s: ckpt_close took %.0f s", match[k],
+			      tu_now_s() - t0);
+		ck_assert_int_eq(journal_count(dir), 1);
+		ck_assert_msg(!journal_error(dir, 1),
+			      "%s: the close is recorded as a failure",
+			      match[k]);
+		gt_rules_clear(gk_srv.url);
+		ck_assert_int_eq(gk_exists(gc, BUCKET, obj), 0);
+		c = open_at(dir, remote);
+		ck_assert_msg(ckpt_upload_wait(c, 120000) == 0, "%s",
+			      ckpt_errmsg(c));
+		ck_assert_int_eq(ckpt_close(c), 0);
+		ck_assert_int_eq(journal_count(dir), 0);
+		ck_assert_int_eq(gk_exists(gc, BUCKET, obj), 1);
+		ck_assert_msg(gk_same_as_local(gc, BUCKET, prefix, dir, 1, 0,
+					       why, sizeof(why)) == 0,
+			      "%s", why);
+		tu_set_free(&set);
+		free(obj);
+		free(prefix);
+		free(remote);
+		free(dir);
+	}
+	gcs_client_free(gc);
+}
+END_TEST
+
 int main(void)
 {
-	const TTest *const tests[] = { kill_and_resume };
+	const TTest *const tests[] = { kill_and_resume, close_silent };
 
 	return gk_main(BUCKET, "gcs_resume", 900, tests,
 		       sizeof(tests) / sizeof(tests[0]));
