@@ -17,7 +17,8 @@ bit-identical to one that never stopped (and is not without the RNG
 states); the watcher's notice turns into a "maintenance" save, a durable
 step and should_exit(); borrow mode restores exactly, returns while the
 engine still reads the arrays (a bucket whose server is stopped) and
-holds them until the release, and fails cleanly; the README's Python
+holds them until the release, and fails cleanly; save() runs no
+cyclic-GC collection while it stalls the caller; the README's Python
 example runs.
 
 Also a worker: test_python.py --train MODE DIR N K (see train_worker).
@@ -25,6 +26,7 @@ Also a worker: test_python.py --train MODE DIR N K (see train_worker).
 
 import collections
 import ctypes
+import gc
 import hashlib
 import json
 import math
@@ -908,6 +910,44 @@ class Borrow(Base):
         w = want()
         w["s"] = w["s"].contiguous()
         same(self, w, got)
+
+
+class Stall(Base):
+    """save() runs no cyclic-GC collection while the caller waits on it
+    (one walks every object of the process: 25 ms with torch loaded) and
+    leaves the GC enabled or disabled as it found it."""
+
+    def test_no_collection(self):
+        c = self.open(codec="none")
+        state = {"l%d" % i: {"w": np.full(8, i, np.float32),
+                             "b": torch.full((4,), i), "n": [i, "x"]}
+                 for i in range(300)}
+        seen, inside = [], [False]
+
+        def watch(phase, info):
+            if phase == "start" and inside[0]:
+                seen.append(info["generation"])
+        old = gc.get_threshold()
+        gc.callbacks.append(watch)
+        self.addCleanup(gc.callbacks.remove, watch)
+        self.addCleanup(gc.set_threshold, *old)
+        gc.set_threshold(1, 1, 1)  # every tracked allocation collects
+        for step in (1, 2):  # 2: save 1 outstanding but done
+            deadline = time.monotonic() + PATIENCE
+            while c.progress()["running"]:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.01)
+            inside[0] = True
+            c.save(step, state)
+            inside[0] = False
+            self.assertTrue(gc.isenabled())
+        gc.disable()
+        self.addCleanup(gc.enable)
+        c.save(3, state, wait=True)
+        self.assertFalse(gc.isenabled())
+        gc.enable()
+        self.assertEqual(seen, [])
+        same(self, state, c.restore(2))
 
 
 class Dedup(Base):

@@ -22,9 +22,11 @@ returns; the engine writes them in the background. With borrow=True
 workers read the arrays themselves, and the Checkpointer holds every
 object whose memory the tensors point at (the caller's arrays and any
 temporary made from them) until the engine releases that memory
-(ckpt_wait_released, or a wait, the next save, close). restore() reads the
-tree, allocates each destination with its exact dtype and shape and fills
-them all with one ckpt_read_batch.
+(ckpt_wait_released, or a wait, the next save, close). save() keeps the
+cyclic GC off while the caller waits on it (a collection walks every object
+of the process, 25 ms with torch loaded). restore() reads the tree,
+allocates each destination with its exact dtype and shape and fills them
+all with one ckpt_read_batch.
 
   state --_tree.flatten--> [ckpt_tensor] --ckpt_save_ex--> staging pool
         (borrow: [ckpt_tensor] held in _borrowed --workers--> pool,
@@ -38,6 +40,7 @@ raises from the next save(), wait() or close(), never silently.
 
 import ctypes
 import errno
+import gc
 import json
 import operator
 import warnings
@@ -627,47 +630,63 @@ class Checkpointer:
         while the save runs: wait_released() before the next step
         writes to them, or borrow=False. If save() raises, nothing is
         borrowed."""
-        h = self._handle()
-        step = operator.index(step)
-        if not 0 <= step < 2**63:
-            raise ValueError("ckpt: step %d outside [0, 2^63)" % step)
-        adv = self._pending
-        if reason is None:
-            reason = adv if adv else "unspecified"
-        elif not (adv and adv == reason):
-            adv = None
-        opts = _lib.SaveOpts()
-        _L.ckpt_save_opts_default(ctypes.byref(opts))
-        # No opts.deadline_ns: the engine plans a notice's save against
-        # the notice's own deadline, and a late save is still worth more
-        # than one refused with -ETIMEDOUT.
-        opts.reason = _reason_code(reason)
-        if borrow:
-            opts.flags |= _lib.SAVE_BORROW
-        arr, n, keep = _tensor_array(state)  # TypeError before waiting
-        if self._outstanding:
-            # A notice's save: the engine decides about a save in flight
-            # (finish or cancel it); only a failure stops us here.
-            # Otherwise the previous save is collected first.
-            if reason not in _NOTICE_REASONS or _L.ckpt_poll(h, None) < 0:
-                self._collect("earlier save")
-        what = "save step %d" % step
-        rc = _L.ckpt_save_ex(h, step, arr, n, ctypes.byref(opts))
-        if rc < 0:
-            # nothing of this save is borrowed, and the exception's
-            # traceback (which a caller may keep) must not hold the
-            # arrays through this frame; an earlier (notice path) save
-            # may still borrow: keep the promise of returning after it
-            del arr, keep, state
-            self._release_wait()
-            _check(rc, what, h)
-        # started: an earlier save is over (else CKPT_E_BUSY), so is any
-        # borrowing of its memory
-        self._borrowed = [arr, keep] if borrow else None
-        self._outstanding = True
-        if adv:
-            self._pending = None
-        del keep
+        # The cyclic GC is paused while the caller waits: flattening
+        # allocates a few objects per tensor, and a collection they set
+        # off walks every object of the process (25 ms with torch
+        # loaded) inside the stall. It runs at the next allocation after
+        # the save instead.
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            h = self._handle()
+            step = operator.index(step)
+            if not 0 <= step < 2**63:
+                raise ValueError("ckpt: step %d outside [0, 2^63)" % step)
+            adv = self._pending
+            if reason is None:
+                reason = adv if adv else "unspecified"
+            elif not (adv and adv == reason):
+                adv = None
+            opts = _lib.SaveOpts()
+            _L.ckpt_save_opts_default(ctypes.byref(opts))
+            # No opts.deadline_ns: the engine plans a notice's save against
+            # the notice's own deadline, and a late save is still worth more
+            # than one refused with -ETIMEDOUT.
+            opts.reason = _reason_code(reason)
+            if borrow:
+                opts.flags |= _lib.SAVE_BORROW
+            arr, n, keep = _tensor_array(state)  # TypeError before waiting
+            if self._outstanding:
+                # A notice's save: the engine decides about a save in flight
+                # (finish or cancel it); only a failure stops us here.
+                # Otherwise the previous save is collected first (other
+                # threads may collect garbage while it is waited for).
+                busy = _L.ckpt_poll(h, None)
+                if reason not in _NOTICE_REASONS or busy < 0:
+                    if busy == 1 and gc_was:
+                        gc.enable()
+                    self._collect("earlier save")
+                    gc.disable()
+            what = "save step %d" % step
+            rc = _L.ckpt_save_ex(h, step, arr, n, ctypes.byref(opts))
+            if rc < 0:
+                # nothing of this save is borrowed, and the exception's
+                # traceback (which a caller may keep) must not hold the
+                # arrays through this frame; an earlier (notice path) save
+                # may still borrow: keep the promise of returning after it
+                del arr, keep, state
+                self._release_wait()
+                _check(rc, what, h)
+            # started: an earlier save is over (else CKPT_E_BUSY), so is any
+            # borrowing of its memory
+            self._borrowed = [arr, keep] if borrow else None
+            self._outstanding = True
+            if adv:
+                self._pending = None
+            del keep
+        finally:
+            if gc_was:
+                gc.enable()
         if wait:
             self._collect(what)
 
