@@ -276,6 +276,9 @@ CKPT_API int ckpt_open(ckpt **out, const char *dir, const ckpt_settings *s)
 		goto fail;
 	}
 	c->nworkers = c->s.threads ? c->s.threads : eng_ncpus();
+	c->copy_encoders = eng_ncpus() > 1 ? eng_ncpus() - 1 : 0;
+	if (c->copy_encoders > c->nworkers)
+		c->copy_encoders = c->nworkers;
 	c->root = strdup(dir);
 	if (!c->root) {
 		r = eng_err(NULL, -ENOMEM, "out of memory");

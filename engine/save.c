@@ -517,7 +517,8 @@ CKPT_API int ckpt_save_ex(ckpt *c, uint64_t step, const ckpt_tensor *tensors,
 		c->work_tail = b;
 		c->bytes_staged += b->payload;
 		/* deferred workers would only wake up to sleep again */
-		if (!c->copying || c->nfree_slots <= c->low_slots)
+		if (!c->copying || c->nfree_slots <= c->low_slots ||
+		    c->encoding < c->copy_encoders)
 			pthread_cond_signal(&c->work_cv);
 		pthread_mutex_unlock(&c->mu);
 	}

@@ -228,6 +228,10 @@ struct ckpt {
 
 	/* ckpt_save() is copying and compression waits (see worker_main) */
 	int copying;
+	/* workers that may encode while it copies: the cores the copy
+	 * leaves (eng_ncpus() - 1, at most nworkers); workers encoding a
+	 * slot now (under mu) */
+	unsigned copy_encoders, encoding;
 	/* a borrowed save whose chunks the workers read from the caller's
 	 * memory (encode.c); cleared when the writer releases it */
 	struct eng_job *bjob;
