@@ -493,6 +493,36 @@ class TestImportExport(CkptctlTest):
             self.assertExportMatches(out, TENSORS)
 
     @needs_numpy
+    def test_export_write_paths(self):
+        # O_DIRECT in whole blocks, the rest carried to the next piece; and
+        # the buffered writes of a file system refusing O_DIRECT (hook).
+        for env in ({}, {"CKPTCTL_EXPORT_BUFFERED": "1"}):
+            for piece in ("999", "4096", "64M"):
+                out = os.path.join(TMP, "paths.safetensors")
+                p = run("export", ROOT, "-o", out,
+                        env=dict(env, CKPTCTL_EXPORT_PIECE=piece))
+                self.assertEqual(p.returncode, 0, (env, piece, p.err))
+                self.assertExportMatches(out, TENSORS, step=7)
+            # A write that fails (file size limit, as a full disk would):
+            # the error names FILE.tmp, nothing is left behind.
+            out = os.path.join(TMP, "fsize.safetensors")
+            for limit in (1000, 5000, 70000):
+                def small_files():
+                    import resource
+                    import signal
+                    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+                p = subprocess.run([CKPTCTL, "export", ROOT, "-o", out],
+                                   stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE,
+                                   env=dict(os.environ, **env),
+                                   preexec_fn=small_files, timeout=300)
+                p.out, p.err = p.stdout.decode(), p.stderr.decode()
+                self.assertFails(p, "export", out + ".tmp", "File too large")
+                self.assertFalse(os.path.exists(out))
+                self.assertFalse(os.path.exists(out + ".tmp"))
+
+    @needs_numpy
     def test_codecs_roundtrip(self):
         for codec, extra in (("none", []), ("zstd", ["--level", "3"]),
                              ("float", []), ("float", ["--chunk", "128K"])):
