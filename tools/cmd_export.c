@@ -96,6 +96,16 @@ typedef struct export_ctx {
 	int werr; /* -errno of the first failed write */
 } export_ctx;
 
+/* Turns O_DIRECT off on fd: 0 or -errno. */
+static int drop_direct(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) < 0)
+		return -errno;
+	return 0;
+}
+
 /* Writes p[0..len) at `at`, whole; drops O_DIRECT where it is refused. */
 static int pwrite_all(export_ctx *x, const uint8_t *p, size_t len,
 		      uint64_t at, int *direct)
@@ -106,10 +116,10 @@ static int pwrite_all(export_ctx *x, const uint8_t *p, size_t len,
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && errno == EINVAL && *direct) {
-			int fl = fcntl(x->fd, F_GETFL);
+			int rc = drop_direct(x->fd);
 
-			if (fl < 0 || fcntl(x->fd, F_SETFL, fl & ~O_DIRECT) < 0)
-				return -errno;
+			if (rc)
+				return rc;
 			*direct = 0;
 			continue;
 		}
@@ -275,23 +285,17 @@ static int export_write(export_ctx *x, uint64_t n, int data)
 /* The writer's last buffer and the tail; then the caller fsyncs. */
 static int export_finish(export_ctx *x)
 {
-	int direct, rc;
+	int direct = 0, rc;
 
 	if (export_idle(x))
 		return -1;
-	direct = x->direct;
 	if (!x->carry)
 		return 0;
-	if (direct) { /* a partial block: through the page cache */
-		int fl = fcntl(x->fd, F_GETFL);
-
-		if (fl < 0 || fcntl(x->fd, F_SETFL, fl & ~O_DIRECT) < 0) {
-			cli_err("%s: %s", x->tmp, strerror(errno));
-			return -1;
-		}
-		direct = 0;
-	}
-	rc = pwrite_all(x, x->b[x->cur].p, x->carry, x->woff, &direct);
+	/* a partial block: through the page cache */
+	rc = x->direct ? drop_direct(x->fd) : 0;
+	if (!rc)
+		rc = pwrite_all(x, x->b[x->cur].p, x->carry, x->woff,
+				&direct);
 	if (rc) {
 		cli_err("%s: %s", x->tmp, strerror(-rc));
 		return -1;
