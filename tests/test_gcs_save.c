@@ -332,8 +332,9 @@ END_TEST
 /* The progress callback of a copy to gs:// asks the server how many
  * resumable uploads are open at that moment and keeps the most. */
 struct open_seen {
-	char url[192];
+	char url[256];
 	long max_open;
+	char seen[512]; /* the server's stats when max_open was seen */
 };
 
 static int count_open(void *arg, uint64_t done, uint64_t total)
@@ -347,14 +348,17 @@ static int count_open(void *arg, uint64_t done, uint64_t total)
 	p = stats ? strstr(stats, "\"uploads_open\"") : NULL;
 	ck_assert_ptr_nonnull(p);
 	p = strchr(p, ':');
-	if (p && strtol(p + 1, NULL, 10) > o->max_open)
+	if (p && strtol(p + 1, NULL, 10) > o->max_open) {
 		o->max_open = strtol(p + 1, NULL, 10);
+		snprintf(o->seen, sizeof(o->seen), "%s", p);
+	}
 	free(stats);
 	return 0;
 }
 
 /* Copies step 6 of dir to gs://BUCKET/prefix counting the uploads open
- * at once; the copy must be committed and complete. */
+ * at once under prefix (the server's count, so sessions other tests left
+ * open do not count); the copy must be committed and complete. */
 static long copy_counted(const char *dir, const char *prefix,
 			 struct open_seen *o)
 {
@@ -362,7 +366,10 @@ static long copy_counted(const char *dir, const char *prefix,
 	ckpt_reader *r = NULL;
 	char why[512], *to = tu_path("gs://%s/%s", BUCKET, prefix);
 
+	snprintf(o->url, sizeof(o->url), "%s/_fake/stats?prefix=%s/",
+		 gk_srv.url, prefix);
 	o->max_open = 0;
+	o->seen[0] = 0;
 	ck_assert_int_eq(ckpt_reader_open(&r, dir, 6, NULL), 0);
 	ck_assert_msg(ckpt_reader_copy(r, to, count_open, o) == 0, "%s",
 		      ckpt_reader_errmsg(r));
@@ -396,12 +403,13 @@ START_TEST(copy_parallel)
 	make_set(&set, 160, 31);
 	ck_assert_int_eq(tu_save(c, 6, &set), 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
-	snprintf(o.url, sizeof(o.url), "%s/_fake/stats", gk_srv.url);
 	ck_assert_msg(copy_counted(dir, "par", &o) >= 2,
 		      "uploads open at once: %ld", o.max_open);
 	read_back("gs://" BUCKET "/par", 6, &set);
 	setenv("CKPT_GCS_STREAMS", "1", 1);
-	ck_assert_int_eq(copy_counted(dir, "par1", &o), 1);
+	ck_assert_msg(copy_counted(dir, "par1", &o) == 1,
+		      "with one stream, uploads open at once: %ld (%s)",
+		      o.max_open, o.seen);
 	unsetenv("CKPT_GCS_STREAMS");
 	tu_set_free(&set);
 	free(dir);

@@ -105,7 +105,9 @@ Fault injection, storage-testbench's retry-test interface:
   requests), "methods": {method: n}, "faults": {label: n} (faults that
   really fired, by instruction or random-KIND), "faults_total", "bytes_in",
   "bytes_out", "objects" (live objects), "uploads_open" (resumable
-  sessions neither finished nor cancelled)}. The control paths
+  sessions neither finished nor cancelled; ?prefix=P counts only those of
+  objects named P...), "uploads" (up to 16 of those: name, bytes
+  persisted)}. The control paths
   (/retry_test*, /_fake/*, /) never fault.
 - FAKE hostile modes (POST /_fake/hostile): answers that lie (a flipped
   byte under a true x-goog-hash, a truncated body, garbage JSON, an
@@ -487,9 +489,12 @@ class Handler(UploadMixin, http.server.BaseHTTPRequestHandler):
                      "faults_total": sum(st.faults.values()),
                      "methods": dict(st.methods)}
             d["objects"] = srv.store.object_count()
-            d["uploads_open"] = sum(
-                    1 for u in list(srv.store.uploads.values())
-                    if u.state == "open")
+            pre = self.args.get("prefix", "")
+            op = [u for u in list(srv.store.uploads.values())
+                  if u.state == "open" and u.name.startswith(pre)]
+            d["uploads_open"] = len(op)
+            d["uploads"] = [{"name": u.name, "persisted": u.persisted}
+                            for u in op[:16]]
             self.send_json(200, d)
             return True
         if p == "/_fake/hostile":
