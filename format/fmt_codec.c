@@ -25,7 +25,10 @@
  *
  * The byte-plane transforms are the hot loops (they run over every byte
  * written and read); w = 2 and w = 4 have SSE2 versions on x86-64 and
- * portable scalar loops elsewhere and for the tails.
+ * portable scalar loops elsewhere and for the tails. Chunks of trained
+ * weights of those widths skip most of them (encode_float_fast): the
+ * exponent plane is coded straight from the elements with a code taken
+ * from a sample, so it is neither split off nor counted whole.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -138,7 +141,8 @@ static int zstd_err_code(size_t r)
 
 /* ---- byte-plane transforms ---- */
 
-/* planes[j] receives byte (w-1-j) of each rotated element; n elements. */
+/* planes[j] receives byte (w-1-j) of each rotated element; n elements.
+ * split2 and split4 skip plane 0 if its pointer is NULL. */
 static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
 {
 	size_t i = 0;
@@ -152,9 +156,10 @@ static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
 
 		a = _mm_or_si128(_mm_slli_epi16(a, 1), _mm_srli_epi16(a, 15));
 		b = _mm_or_si128(_mm_slli_epi16(b, 1), _mm_srli_epi16(b, 15));
-		_mm_storeu_si128((__m128i *)(p0 + i),
-				 _mm_packus_epi16(_mm_srli_epi16(a, 8),
-						  _mm_srli_epi16(b, 8)));
+		if (p0)
+			_mm_storeu_si128((__m128i *)(p0 + i),
+					 _mm_packus_epi16(_mm_srli_epi16(a, 8),
+							  _mm_srli_epi16(b, 8)));
 		_mm_storeu_si128((__m128i *)(p1 + i),
 				 _mm_packus_epi16(_mm_and_si128(a, lo),
 						  _mm_and_si128(b, lo)));
@@ -164,7 +169,8 @@ static void split2(const uint8_t *src, size_t n, uint8_t *p0, uint8_t *p1)
 		uint16_t x = fmt_get_u16(src + 2 * i);
 
 		x = (uint16_t)((x << 1) | (x >> 15));
-		p0[i] = (uint8_t)(x >> 8);
+		if (p0)
+			p0[i] = (uint8_t)(x >> 8);
 		p1[i] = (uint8_t)x;
 	}
 }
@@ -245,7 +251,9 @@ static void split4(const uint8_t *src, size_t n, uint8_t *const p[4])
 		__m128i c = rotl32_1(_mm_loadu_si128((const __m128i *)(s + 32)));
 		__m128i d = rotl32_1(_mm_loadu_si128((const __m128i *)(s + 48)));
 
-		_mm_storeu_si128((__m128i *)(p[0] + i), byte_of(a, b, c, d, 3));
+		if (p[0])
+			_mm_storeu_si128((__m128i *)(p[0] + i),
+					 byte_of(a, b, c, d, 3));
 		_mm_storeu_si128((__m128i *)(p[1] + i), byte_of(a, b, c, d, 2));
 		_mm_storeu_si128((__m128i *)(p[2] + i), byte_of(a, b, c, d, 1));
 		_mm_storeu_si128((__m128i *)(p[3] + i), byte_of(a, b, c, d, 0));
@@ -255,7 +263,8 @@ static void split4(const uint8_t *src, size_t n, uint8_t *const p[4])
 		uint32_t x = fmt_get_u32(src + 4 * i);
 
 		x = (x << 1) | (x >> 31);
-		p[0][i] = (uint8_t)(x >> 24);
+		if (p[0])
+			p[0][i] = (uint8_t)(x >> 24);
 		p[1][i] = (uint8_t)(x >> 16);
 		p[2][i] = (uint8_t)(x >> 8);
 		p[3][i] = (uint8_t)x;
@@ -434,6 +443,20 @@ static uint64_t huf_plan(const uint8_t *plane, size_t n,
 #define ZSTD_NUM 97u
 #define ZSTD_DEN 100u
 
+/* The mode a plane larger than its sample of sn bytes gets (0 raw, 1
+ * zstd, 2 Huffman) from the sample's Huffman and zstd sizes hs, zs. */
+static int sample_mode(size_t sn, uint64_t hs, size_t zs)
+{
+	int zwin = zs && (hs == UINT64_MAX ||
+			  (uint64_t)zs * ZSTD_DEN < hs * ZSTD_NUM);
+
+	if (zwin)
+		return (uint64_t)zs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM ? 0 : 1;
+	if (hs == UINT64_MAX || hs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM)
+		return 0;
+	return 2;
+}
+
 /*
  * Writes one plane at dst (room for `n` bytes at least) and returns its
  * mode and stored length. Compressed output must be strictly smaller than
@@ -484,9 +507,10 @@ static int encode_plane(fmt_codec_ctx *c, const uint8_t *plane, size_t n,
 		}
 		goto raw;
 	}
-	if (zwin) {
-		if ((uint64_t)zs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM)
-			goto raw;
+	switch (sample_mode(sn, hs, zs)) {
+	case 0:
+		goto raw;
+	case 1:
 		rc = plane_zstd(c, plane, n, dst, n - 1, &got);
 		if (rc)
 			return rc;
@@ -497,8 +521,6 @@ static int encode_plane(fmt_codec_ctx *c, const uint8_t *plane, size_t n,
 		}
 		goto raw;
 	}
-	if (hs == UINT64_MAX || hs * SAMPLE_DEN > (uint64_t)sn * SAMPLE_NUM)
-		goto raw;
 	hs = huf_plan(plane, n, h, lens);
 	if (hs < n) {
 		got = fmt_huf_encode(plane, n, h, lens, dst, n - 1,
@@ -517,6 +539,89 @@ raw:
 	return 0;
 }
 
+/*
+ * The fast path of widths 2 and 4, for chunks of at least FAST_MIN
+ * elements whose sample (FAST_WINDOWS windows spread over the chunk)
+ * says what trained weights say: exponent plane Huffman, every other
+ * plane raw. The exponent plane is then coded straight from the elements
+ * with a code built from the sample (fmt_huf_encode_elems), so the chunk
+ * is neither split into a scratch plane nor counted whole, and the other
+ * planes are split straight into place. The code gives a length to every
+ * symbol of the sample and to the exponents near its range (FAST_BELOW
+ * under it: rarer values of smaller magnitude; FAST_ABOVE over it), at
+ * weight 1 against 64 per sampled occurrence; a chunk holding any other
+ * symbol is refused by the coder and takes encode_plane's exact path,
+ * as does every chunk the sample does not describe so. Returns 1 (done,
+ * *stored set), 0 (not taken) or an error.
+ */
+#define FAST_WINDOWS 8u
+#define FAST_MIN (16u * SAMPLE_BYTES)
+#define FAST_BELOW 20u
+#define FAST_ABOVE 8u
+
+static int encode_float_fast(fmt_codec_ctx *c, unsigned w, const uint8_t *raw,
+			     size_t n, uint8_t *out, size_t *stored)
+{
+	const size_t win = SAMPLE_BYTES / FAST_WINDOWS;
+	uint32_t h[FMT_HUF_STREAMS][256];
+	uint64_t cnt[256], hs;
+	uint8_t lens[256], *p[8] = { 0 };
+	unsigned lo = 256, hi = 0;
+	size_t zs, got, pos;
+	int rc;
+
+	if ((w != 2 && w != 4) || n < FAST_MIN)
+		return 0;
+	for (unsigned k = 0; k < FAST_WINDOWS; k++) {
+		for (unsigned j = 0; j < w; j++)
+			p[j] = c->scratch + j * SAMPLE_BYTES + k * win;
+		split(raw + (size_t)w * (k * (n / FAST_WINDOWS)), win, w, p);
+	}
+	for (unsigned j = w; j-- > 0;) {
+		const uint8_t *sp = c->scratch + j * SAMPLE_BYTES;
+
+		hs = huf_plan(sp, SAMPLE_BYTES, h, lens);
+		rc = plane_zstd(c, sp, SAMPLE_BYTES, c->sample, c->sample_cap,
+				&zs);
+		if (rc)
+			return rc;
+		if (sample_mode(SAMPLE_BYTES, hs, zs) != (j ? 0 : 2))
+			return 0;
+	}
+	for (unsigned x = 0; x < 256; x++) {
+		cnt[x] = 64 * ((uint64_t)h[0][x] + h[1][x] + h[2][x] + h[3][x]);
+		if (cnt[x]) {
+			lo = x < lo ? x : lo;
+			hi = x;
+		}
+	}
+	for (unsigned x = lo > FAST_BELOW ? lo - FAST_BELOW : 0;
+	     x <= hi + FAST_ABOVE && x < 256; x++)
+		cnt[x]++;
+	cnt[0] += !cnt[0]; /* zeros */
+	if (fmt_huf_lengths(cnt, lens))
+		return 0;
+	pos = FLOAT_HDR(w);
+	got = fmt_huf_encode_elems(raw, n, w, lens, out + pos, n - 1,
+				   c->huf_pairs);
+	if (!got)
+		return 0;
+	out[0] = (uint8_t)w;
+	out[1] = (uint8_t)w;
+	out[2] = 2;
+	fmt_put_u32(out + 3, (uint32_t)got);
+	pos += got;
+	p[0] = NULL;
+	for (unsigned j = 1; j < w; j++) {
+		p[j] = out + pos + (j - 1) * n;
+		out[2 + 5 * j] = 0;
+		fmt_put_u32(out + 3 + 5 * j, (uint32_t)n);
+	}
+	split(raw, n, w, p);
+	*stored = pos + (w - 1) * n;
+	return 1;
+}
+
 static int encode_float(fmt_codec_ctx *c, int level, unsigned w,
 			const uint8_t *raw, size_t raw_len, uint8_t *out,
 			size_t *stored)
@@ -531,6 +636,14 @@ static int encode_float(fmt_codec_ctx *c, int level, unsigned w,
 		rc = plane_params(c, level);
 	if (rc)
 		return rc;
+	rc = encode_float_fast(c, w, raw, n, out, stored);
+	if (rc < 0)
+		return rc;
+	if (rc == 1) {
+		memcpy(out + *stored, raw + n * w, tail);
+		*stored += tail;
+		return 0;
+	}
 	for (unsigned j = 0; j < w; j++)
 		planes[j] = c->scratch + j * n;
 	split(raw, n, w, planes);

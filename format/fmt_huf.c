@@ -20,7 +20,10 @@
  * histograms) and writes straight into place; the fast loops store and
  * load 8 bytes at a time only while 8 bytes remain in the stream, and the
  * tails go byte by byte, so nothing is ever read or written outside the
- * stream. Decoding checks the lengths, the sizes, and that every stream is
+ * stream. fmt_huf_encode_elems codes the exponent plane of floats without
+ * splitting it off or counting it (its code comes from a sample): it
+ * writes each stream into a quarter of dst and moves them together.
+ * Decoding checks the lengths, the sizes, and that every stream is
  * consumed exactly, with zero padding.
  */
 #include <stdarg.h>
@@ -400,6 +403,153 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 			return 0;
 	}
 	return (size_t)total;
+}
+
+/*
+ * The exponent plane coded straight from the elements (fmt_huf_encode_elems):
+ * the symbol of element i is byte w-1 of the element rotated left by one
+ * bit, i.e. bits [8w-9, 8w-1) of it. Stream sizes are not known in
+ * advance (there is no histogram), so stream s is written into its own
+ * quarter of dst past the header and the four are moved together at the
+ * end. Pairs with a symbol that has no code look up ESC, which adds no
+ * bits and is ORed into `miss`: the plane is refused after the loop.
+ */
+#define ESC (1u << 23)
+
+static inline unsigned esym(const uint8_t *src, size_t i, unsigned w)
+{
+	if (w == 2)
+		return (fmt_get_u16(src + 2 * i) >> 7) & 0xffu;
+	return (fmt_get_u32(src + 4 * i) >> 23) & 0xffu;
+}
+
+/* Symbols of elements i and i + 1 as a pairs index: a | b << 8. */
+static inline unsigned epair(const uint8_t *src, size_t i, unsigned w)
+{
+	uint64_t v;
+
+	if (w == 2) {
+		uint32_t x = fmt_get_u32(src + 2 * i);
+
+		return ((x >> 7) & 0xffu) | ((x >> 15) & 0xff00u);
+	}
+	v = fmt_get_u64(src + 4 * i);
+	return (unsigned)(((v >> 23) & 0xffu) | ((v >> 47) & 0xff00u));
+}
+
+#define PUTE(s, q)                                                     \
+	do {                                                           \
+		uint32_t e_ = pairs[epair(src, (q), w)];               \
+		miss |= e_;                                            \
+		b##s |= (uint64_t)(e_ & 0x3fffffu) << n##s;            \
+		n##s += e_ >> 24;                                      \
+	} while (0)
+
+static inline __attribute__((always_inline)) size_t
+enc_elems(const uint8_t *src, size_t n, const unsigned w,
+	  const uint8_t len[256], const uint16_t code[256], uint8_t *dst,
+	  size_t cap, const uint32_t *pairs)
+{
+	size_t r = (cap - FMT_HUF_HDR) / FMT_HUF_STREAMS, i = 0;
+	size_t m = seg(n, 4) - seg(n, 3);
+	const size_t q0 = seg(n, 0), q1 = seg(n, 1), q2 = seg(n, 2),
+		     q3 = seg(n, 3);
+	uint8_t *st[FMT_HUF_STREAMS], *op[FMT_HUF_STREAMS],
+		*end[FMT_HUF_STREAMS], *at;
+	uint64_t bits[FMT_HUF_STREAMS], b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+	unsigned nb[FMT_HUF_STREAMS], n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+	uint32_t miss = 0;
+	uint8_t *op0, *op1, *op2, *op3;
+
+	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
+		st[s] = op[s] = dst + FMT_HUF_HDR + s * r;
+		end[s] = st[s] + r;
+	}
+	op0 = op[0]; op1 = op[1]; op2 = op[2]; op3 = op[3];
+	for (;;) {
+		/* as in fmt_huf_encode: 8-byte stores, <= 6 bytes each */
+		size_t k = (m - i) / 4, rr;
+
+		rr = room(end[0], op0, k); rr = room(end[1], op1, rr);
+		rr = room(end[2], op2, rr); rr = room(end[3], op3, rr);
+		if (rr == 0)
+			break;
+		for (size_t stop = i + 4 * rr; i < stop; i += 4) {
+			PUTE(0, q0 + i); PUTE(1, q1 + i);
+			PUTE(2, q2 + i); PUTE(3, q3 + i);
+			PUTE(0, q0 + i + 2); PUTE(1, q1 + i + 2);
+			PUTE(2, q2 + i + 2); PUTE(3, q3 + i + 2);
+			FLUSH(0); FLUSH(1); FLUSH(2); FLUSH(3);
+		}
+	}
+	if (miss & ESC)
+		return 0;
+	op[0] = op0; op[1] = op1; op[2] = op2; op[3] = op3;
+	bits[0] = b0; bits[1] = b1; bits[2] = b2; bits[3] = b3;
+	nb[0] = n0; nb[1] = n1; nb[2] = n2; nb[3] = n3;
+	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
+		for (size_t k = seg(n, s) + i; k < seg(n, s + 1); k++) {
+			unsigned x = esym(src, k, w);
+
+			if (!len[x])
+				return 0;
+			bits[s] |= (uint64_t)code[x] << nb[s];
+			nb[s] += len[x];
+			while (nb[s] >= 8) {
+				if (op[s] >= end[s])
+					return 0;
+				*op[s]++ = (uint8_t)bits[s];
+				bits[s] >>= 8;
+				nb[s] -= 8;
+			}
+		}
+		if (nb[s]) {
+			if (op[s] >= end[s])
+				return 0;
+			*op[s]++ = (uint8_t)bits[s];
+		}
+	}
+	for (unsigned x = 0; x < 256; x += 2)
+		dst[x / 2] = (uint8_t)(len[x] | len[x + 1] << 4);
+	at = dst + FMT_HUF_HDR;
+	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
+		size_t sz = (size_t)(op[s] - st[s]);
+
+		/* at <= st[s]: every earlier stream took at most r bytes */
+		memmove(at, st[s], sz);
+		at += sz;
+		fmt_put_u32(dst + 128 + 4 * s, (uint32_t)sz);
+	}
+	return (size_t)(at - dst);
+}
+
+size_t fmt_huf_encode_elems(const uint8_t *src, size_t n, unsigned w,
+			    const uint8_t len[256], uint8_t *dst, size_t cap,
+			    uint32_t *pairs)
+{
+	uint16_t code[256];
+	uint8_t present[256];
+	unsigned np = 0;
+
+	if ((w != 2 && w != 4) || !pairs || n < 4 ||
+	    cap < FMT_HUF_HDR + 4 * 8 || cap - FMT_HUF_HDR > UINT32_MAX ||
+	    canon_codes(len, code))
+		return 0;
+	for (unsigned x = 0; x < 256; x++)
+		if (len[x])
+			present[np++] = (uint8_t)x;
+	for (unsigned k = 0; k < FMT_HUF_PAIRS; k++)
+		pairs[k] = ESC;
+	for (unsigned a = 0; a < np; a++)
+		for (unsigned b = 0; b < np; b++) {
+			unsigned x = present[a], y = present[b];
+
+			pairs[x | y << 8] = (code[x] | (uint32_t)code[y] << len[x]) |
+					    (uint32_t)(len[x] + len[y]) << 24;
+		}
+	if (w == 2)
+		return enc_elems(src, n, 2, len, code, dst, cap, pairs);
+	return enc_elems(src, n, 4, len, code, dst, cap, pairs);
 }
 
 static int bad(const char *what, char *err, size_t errlen, const char *fmt,

@@ -44,6 +44,19 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 		      uint32_t *pairs);
 
 /*
+ * Encodes the exponent plane of the n elements of width w (2 or 4) at src
+ * (byte w-1 of each element rotated left by one bit, the plane the float
+ * codec splits off first) straight from the elements, into dst[0..cap),
+ * with code lengths len (a complete code that need not give every symbol
+ * a length). Returns the size written, or 0 if a symbol of the plane has
+ * no code, the code is not complete, or the result (each stream in a
+ * quarter of cap) does not fit. pairs is FMT_HUF_PAIRS scratch entries.
+ */
+size_t fmt_huf_encode_elems(const uint8_t *src, size_t n, unsigned w,
+			    const uint8_t len[256], uint8_t *dst, size_t cap,
+			    uint32_t *pairs);
+
+/*
  * Decodes a mode-2 plane of exactly n bytes from src[0..len) into
  * dst[0..n). Validates everything; returns 0 or CKPT_E_CORRUPT with a
  * message prefixed by `what`.

@@ -7,12 +7,20 @@
  *   bits 2-3  element width 1, 2, 4 or 8
  *   bit 6     decode mode: raw_len is in units of 16 bytes
  *   bits 4-5  round-trip mode: zstd level 1..4
+ *   bit 6     round-trip mode: weights mode
  * Decode mode: bytes 1-2 are a little-endian u16 L; raw_len = L + 1 (or
  * (L + 1) * 16 with bit 6, up to 1 MiB); bytes 3.. are the payload, decoded
  * into an exactly raw_len-byte heap buffer (ASan catches any write past
  * it). Must never crash; a successful codec-none decode must be a copy.
  * Round-trip mode: bytes 1.. are raw data, encoded with every codec,
  * decoded again; abort() on any failure or mismatch.
+ * Weights mode (the float codec's fast path, which needs large chunks of
+ * trained-weight-like elements): 1 MiB of elements of width 2 or 4
+ * (width 1 and 8 are taken as 2 and 4) drawn near N(0, 0.02) from a
+ * fixed seed, then patched by the input, 6 bytes a patch: a u32 element
+ * index (modulo the count) and the u16 that becomes the element's top
+ * 16 bits (the sign, the exponent, the top of the mantissa); round-trip
+ * as above.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -102,6 +110,43 @@ done:
 	free(back);
 }
 
+static void weights_mode(unsigned sel, const uint8_t *p, size_t n)
+{
+	unsigned w = (sel >> 2) & 2 ? 4 : 2; /* widths 1, 2, 4, 8: 2, 2, 4, 4 */
+	const size_t len = 1u << 20, cnt = len / w;
+	static uint8_t *raw;
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+
+	if (!raw && !(raw = malloc(len)))
+		abort();
+	for (size_t i = 0; i < cnt; i++) {
+		double g = 0;
+		float f;
+		uint32_t b;
+
+		for (int k = 0; k < 4; k++) { /* a centred sum of uniforms */
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			g += (double)(x >> 11) / 9007199254740992.0 - 0.5;
+		}
+		f = (float)(g * 0.02 * 1.7320508);
+		memcpy(&b, &f, 4);
+		if (w == 2) {
+			raw[2 * i] = (uint8_t)(b >> 16);
+			raw[2 * i + 1] = (uint8_t)(b >> 24);
+		} else {
+			memcpy(raw + 4 * i, &b, 4);
+		}
+	}
+	for (; n >= 6; p += 6, n -= 6) {
+		size_t i = (p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 |
+			    (size_t)p[3] << 24) % cnt;
+
+		raw[w * i + w - 2] = p[4];
+		raw[w * i + w - 1] = p[5];
+	}
+	roundtrip_mode((sel & ~0x4cu) | (w == 2 ? 1u : 2u) << 2, raw, len);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -110,7 +155,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	if (size < 1)
 		return 0;
-	if (data[0] & 0x80)
+	if ((data[0] & 0xc0) == 0xc0)
+		weights_mode(data[0], data + 1, size - 1);
+	else if (data[0] & 0x80)
 		roundtrip_mode(data[0], data + 1, size - 1);
 	else
 		decode_mode(data[0], data + 1, size - 1);
