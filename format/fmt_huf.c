@@ -247,13 +247,6 @@ static inline size_t room(const uint8_t *end, const uint8_t *op, size_t k)
 	return r < k ? r : k;
 }
 
-#define PUT2(s, q)                                                     \
-	do {                                                           \
-		uint32_t e_ = pairs[fmt_get_u16(q)];                          \
-		b##s |= (uint64_t)(e_ & 0xffffffu) << n##s;            \
-		n##s += e_ >> 24;                                      \
-	} while (0)
-
 #define FLUSH(s)                                                       \
 	do {                                                           \
 		fmt_put_u64(op##s, b##s);                                     \
@@ -262,12 +255,120 @@ static inline size_t room(const uint8_t *end, const uint8_t *op, size_t k)
 		n##s &= 7u;                                            \
 	} while (0)
 
+/*
+ * Symbols come from plane bytes (w = 1, fmt_huf_encode) or straight from
+ * the elements (w = 2 or 4, fmt_huf_encode_elems): then the symbol of
+ * element i is byte w-1 of the element rotated left by one bit, i.e. bits
+ * [8w-9, 8w-1) of it. Stream sizes are not known in
+ * advance (there is no histogram), so stream s is written into its own
+ * quarter of dst past the header and the four are moved together at the
+ * end. Pairs with a symbol that has no code look up ESC, which adds no
+ * bits and is ORed into `miss`: the plane is refused after the loop.
+ */
+#define ESC (1u << 23)
+
+static inline unsigned esym(const uint8_t *src, size_t i, unsigned w)
+{
+	if (w == 2)
+		return (fmt_get_u16(src + 2 * i) >> 7) & 0xffu;
+	return (fmt_get_u32(src + 4 * i) >> 23) & 0xffu;
+}
+
+/* Symbols of elements i and i + 1 as a pairs index: a | b << 8. */
+static inline unsigned epair(const uint8_t *src, size_t i, unsigned w)
+{
+	uint64_t v;
+
+	if (w == 1)
+		return fmt_get_u16(src + i);
+	if (w == 2) {
+		uint32_t x = fmt_get_u32(src + 2 * i);
+
+		return ((x >> 7) & 0xffu) | ((x >> 15) & 0xff00u);
+	}
+	v = fmt_get_u64(src + 4 * i);
+	return (unsigned)(((v >> 23) & 0xffu) | ((v >> 47) & 0xff00u));
+}
+
+#define PUTE(s, q)                                                     \
+	do {                                                           \
+		uint32_t e_ = pairs[epair(src, (q), w)];               \
+		miss |= e_;                                            \
+		b##s |= (uint64_t)(e_ & 0x3fffffu) << n##s;            \
+		n##s += e_ >> 24;                                      \
+	} while (0)
+
+/* pairs[a | b << 8]: the bits of a then b (<= 22) and their count << 24,
+ * for the present symbols; ESC elsewhere if esc. */
+static void fill_pairs(uint32_t *pairs, const uint16_t code[256],
+		       const uint8_t len[256], int esc)
+{
+	uint8_t present[256];
+	unsigned np = 0;
+
+	for (unsigned x = 0; x < 256; x++)
+		if (len[x])
+			present[np++] = (uint8_t)x;
+	if (esc)
+		for (unsigned k = 0; k < FMT_HUF_PAIRS; k++)
+			pairs[k] = ESC;
+	for (unsigned a = 0; a < np; a++)
+		for (unsigned b = 0; b < np; b++) {
+			unsigned x = present[a], y = present[b];
+
+			pairs[x | y << 8] = (code[x] | (uint32_t)code[y] << len[x]) |
+					    (uint32_t)(len[x] + len[y]) << 24;
+		}
+}
+
+/*
+ * The paired loop of both coders: symbols q[s] + i, q[s] + i + 1, ... of
+ * stream s, two per lookup, 4 per stream and flush (at most 7 + 44 bits
+ * in each buffer), for as many groups of 4 as the shortest stream (m)
+ * and the room left in every stream allow. An iteration stores 8 bytes
+ * at op and advances op by at most 6 (51 bits): k iterations are safe
+ * while op + 8 + 6 * (k - 1) <= end in every stream. Returns how far it
+ * got; the entries looked up are ORed into *missp.
+ */
+static inline __attribute__((always_inline)) size_t
+pair_loop(const uint8_t *src, const unsigned w, const size_t q[4], size_t m,
+	  const uint32_t *pairs, uint8_t *op[4], uint8_t *const end[4],
+	  uint64_t bits[4], unsigned nb[4], uint32_t *missp)
+{
+	const size_t q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3];
+	uint8_t *op0 = op[0], *op1 = op[1], *op2 = op[2], *op3 = op[3];
+	uint64_t b0 = bits[0], b1 = bits[1], b2 = bits[2], b3 = bits[3];
+	unsigned n0 = nb[0], n1 = nb[1], n2 = nb[2], n3 = nb[3];
+	uint32_t miss = 0;
+	size_t i = 0;
+
+	for (;;) {
+		size_t k = (m - i) / 4, r;
+
+		r = room(end[0], op0, k); r = room(end[1], op1, r);
+		r = room(end[2], op2, r); r = room(end[3], op3, r);
+		if (r == 0)
+			break;
+		for (size_t stop = i + 4 * r; i < stop; i += 4) {
+			PUTE(0, q0 + i); PUTE(1, q1 + i);
+			PUTE(2, q2 + i); PUTE(3, q3 + i);
+			PUTE(0, q0 + i + 2); PUTE(1, q1 + i + 2);
+			PUTE(2, q2 + i + 2); PUTE(3, q3 + i + 2);
+			FLUSH(0); FLUSH(1); FLUSH(2); FLUSH(3);
+		}
+	}
+	op[0] = op0; op[1] = op1; op[2] = op2; op[3] = op3;
+	bits[0] = b0; bits[1] = b1; bits[2] = b2; bits[3] = b3;
+	nb[0] = n0; nb[1] = n1; nb[2] = n2; nb[3] = n3;
+	*missp = miss;
+	return i;
+}
+
 size_t fmt_huf_encode(const uint8_t *p, size_t n,
 		      const uint32_t h[FMT_HUF_STREAMS][256],
 		      const uint8_t len[256], uint8_t *dst, size_t cap,
 		      uint32_t *pairs)
 {
-	uint8_t present[256];
 	unsigned npresent = 0;
 	uint16_t code[256];
 	uint32_t ct[256];
@@ -281,8 +382,7 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 		return 0;
 	for (unsigned x = 0; x < 256; x++) {
 		ct[x] = code[x] | (uint32_t)len[x] << 16;
-		if (len[x])
-			present[npresent++] = (uint8_t)x;
+		npresent += len[x] != 0;
 	}
 	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
 		uint64_t b = 0;
@@ -309,45 +409,13 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 		nb[s] = 0;
 	}
 	if (pairs && (uint64_t)npresent * npresent <= n) {
-		/* Two symbols per lookup: pairs[a | b << 8] holds the bits
-		 * of a then b (<= 22) and their count << 24. 2 pairs per
-		 * stream and flush: at most 7 + 44 bits in each buffer. */
-		const uint8_t *q0 = p + seg(n, 0), *q1 = p + seg(n, 1);
-		const uint8_t *q2 = p + seg(n, 2), *q3 = p + seg(n, 3);
-		size_t m = seg(n, 4) - seg(n, 3);
-		uint8_t *op0 = op[0], *op1 = op[1], *op2 = op[2], *op3 = op[3];
-		uint64_t b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-		unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+		const size_t q[4] = { seg(n, 0), seg(n, 1), seg(n, 2),
+				      seg(n, 3) };
+		uint32_t miss;
 
-		for (unsigned a = 0; a < npresent; a++)
-			for (unsigned b = 0; b < npresent; b++) {
-				unsigned x = present[a], y = present[b];
-
-				pairs[x | y << 8] = (code[x] |
-						     (uint32_t)code[y] << len[x]) |
-						    (uint32_t)(len[x] + len[y]) << 24;
-			}
-		for (;;) {
-			/* An iteration stores 8 bytes at op and advances op
-			 * by at most 6 (51 bits): k iterations are safe while
-			 * op + 8 + 6 * (k - 1) <= end in every stream. */
-			size_t k = (m - i) / 4, r;
-
-			r = room(end[0], op0, k); r = room(end[1], op1, r);
-			r = room(end[2], op2, r); r = room(end[3], op3, r);
-			if (r == 0)
-				break;
-			for (size_t stop = i + 4 * r; i < stop; i += 4) {
-			PUT2(0, q0 + i); PUT2(1, q1 + i);
-			PUT2(2, q2 + i); PUT2(3, q3 + i);
-			PUT2(0, q0 + i + 2); PUT2(1, q1 + i + 2);
-			PUT2(2, q2 + i + 2); PUT2(3, q3 + i + 2);
-			FLUSH(0); FLUSH(1); FLUSH(2); FLUSH(3);
-			}
-		}
-		op[0] = op0; op[1] = op1; op[2] = op2; op[3] = op3;
-		bits[0] = b0; bits[1] = b1; bits[2] = b2; bits[3] = b3;
-		nb[0] = n0; nb[1] = n1; nb[2] = n2; nb[3] = n3;
+		fill_pairs(pairs, code, len, 0);
+		i = pair_loop(p, 1, q, seg(n, 4) - seg(n, 3), pairs, op, end,
+			      bits, nb, &miss);
 	} else {
 		/* 4 symbols of <= 11 bits per stream and flush: at most
 		 * 7 + 44 bits in each buffer. The last segment is the
@@ -405,88 +473,27 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 	return (size_t)total;
 }
 
-/*
- * The exponent plane coded straight from the elements (fmt_huf_encode_elems):
- * the symbol of element i is byte w-1 of the element rotated left by one
- * bit, i.e. bits [8w-9, 8w-1) of it. Stream sizes are not known in
- * advance (there is no histogram), so stream s is written into its own
- * quarter of dst past the header and the four are moved together at the
- * end. Pairs with a symbol that has no code look up ESC, which adds no
- * bits and is ORed into `miss`: the plane is refused after the loop.
- */
-#define ESC (1u << 23)
-
-static inline unsigned esym(const uint8_t *src, size_t i, unsigned w)
-{
-	if (w == 2)
-		return (fmt_get_u16(src + 2 * i) >> 7) & 0xffu;
-	return (fmt_get_u32(src + 4 * i) >> 23) & 0xffu;
-}
-
-/* Symbols of elements i and i + 1 as a pairs index: a | b << 8. */
-static inline unsigned epair(const uint8_t *src, size_t i, unsigned w)
-{
-	uint64_t v;
-
-	if (w == 2) {
-		uint32_t x = fmt_get_u32(src + 2 * i);
-
-		return ((x >> 7) & 0xffu) | ((x >> 15) & 0xff00u);
-	}
-	v = fmt_get_u64(src + 4 * i);
-	return (unsigned)(((v >> 23) & 0xffu) | ((v >> 47) & 0xff00u));
-}
-
-#define PUTE(s, q)                                                     \
-	do {                                                           \
-		uint32_t e_ = pairs[epair(src, (q), w)];               \
-		miss |= e_;                                            \
-		b##s |= (uint64_t)(e_ & 0x3fffffu) << n##s;            \
-		n##s += e_ >> 24;                                      \
-	} while (0)
-
 static inline __attribute__((always_inline)) size_t
 enc_elems(const uint8_t *src, size_t n, const unsigned w,
 	  const uint8_t len[256], const uint16_t code[256], uint8_t *dst,
 	  size_t cap, const uint32_t *pairs)
 {
-	size_t r = (cap - FMT_HUF_HDR) / FMT_HUF_STREAMS, i = 0;
-	size_t m = seg(n, 4) - seg(n, 3);
-	const size_t q0 = seg(n, 0), q1 = seg(n, 1), q2 = seg(n, 2),
-		     q3 = seg(n, 3);
+	size_t r = (cap - FMT_HUF_HDR) / FMT_HUF_STREAMS, i;
+	const size_t q[4] = { seg(n, 0), seg(n, 1), seg(n, 2), seg(n, 3) };
 	uint8_t *st[FMT_HUF_STREAMS], *op[FMT_HUF_STREAMS],
 		*end[FMT_HUF_STREAMS], *at;
-	uint64_t bits[FMT_HUF_STREAMS], b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-	unsigned nb[FMT_HUF_STREAMS], n0 = 0, n1 = 0, n2 = 0, n3 = 0;
-	uint32_t miss = 0;
-	uint8_t *op0, *op1, *op2, *op3;
+	uint64_t bits[FMT_HUF_STREAMS] = { 0 };
+	unsigned nb[FMT_HUF_STREAMS] = { 0 };
+	uint32_t miss;
 
 	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
 		st[s] = op[s] = dst + FMT_HUF_HDR + s * r;
 		end[s] = st[s] + r;
 	}
-	op0 = op[0]; op1 = op[1]; op2 = op[2]; op3 = op[3];
-	for (;;) {
-		/* as in fmt_huf_encode: 8-byte stores, <= 6 bytes each */
-		size_t k = (m - i) / 4, rr;
-
-		rr = room(end[0], op0, k); rr = room(end[1], op1, rr);
-		rr = room(end[2], op2, rr); rr = room(end[3], op3, rr);
-		if (rr == 0)
-			break;
-		for (size_t stop = i + 4 * rr; i < stop; i += 4) {
-			PUTE(0, q0 + i); PUTE(1, q1 + i);
-			PUTE(2, q2 + i); PUTE(3, q3 + i);
-			PUTE(0, q0 + i + 2); PUTE(1, q1 + i + 2);
-			PUTE(2, q2 + i + 2); PUTE(3, q3 + i + 2);
-			FLUSH(0); FLUSH(1); FLUSH(2); FLUSH(3);
-		}
-	}
+	i = pair_loop(src, w, q, seg(n, 4) - seg(n, 3), pairs, op, end, bits,
+		      nb, &miss);
 	if (miss & ESC)
 		return 0;
-	op[0] = op0; op[1] = op1; op[2] = op2; op[3] = op3;
-	bits[0] = b0; bits[1] = b1; bits[2] = b2; bits[3] = b3;
-	nb[0] = n0; nb[1] = n1; nb[2] = n2; nb[3] = n3;
 	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
 		for (size_t k = seg(n, s) + i; k < seg(n, s + 1); k++) {
 			unsigned x = esym(src, k, w);
@@ -528,25 +535,12 @@ size_t fmt_huf_encode_elems(const uint8_t *src, size_t n, unsigned w,
 			    uint32_t *pairs)
 {
 	uint16_t code[256];
-	uint8_t present[256];
-	unsigned np = 0;
 
 	if ((w != 2 && w != 4) || !pairs || n < 4 ||
 	    cap < FMT_HUF_HDR + 4 * 8 || cap - FMT_HUF_HDR > UINT32_MAX ||
 	    canon_codes(len, code))
 		return 0;
-	for (unsigned x = 0; x < 256; x++)
-		if (len[x])
-			present[np++] = (uint8_t)x;
-	for (unsigned k = 0; k < FMT_HUF_PAIRS; k++)
-		pairs[k] = ESC;
-	for (unsigned a = 0; a < np; a++)
-		for (unsigned b = 0; b < np; b++) {
-			unsigned x = present[a], y = present[b];
-
-			pairs[x | y << 8] = (code[x] | (uint32_t)code[y] << len[x]) |
-					    (uint32_t)(len[x] + len[y]) << 24;
-		}
+	fill_pairs(pairs, code, len, 1);
 	if (w == 2)
 		return enc_elems(src, n, 2, len, code, dst, cap, pairs);
 	return enc_elems(src, n, 4, len, code, dst, cap, pairs);
