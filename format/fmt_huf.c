@@ -298,6 +298,24 @@ static inline unsigned epair(const uint8_t *src, size_t i, unsigned w)
 		n##s += e_ >> 24;                                      \
 	} while (0)
 
+/* One symbol of a stream's tail, bytes stored one at a time: 0, or -1 if
+ * the stream has no room left. */
+static inline int put1(unsigned x, const uint16_t code[256],
+		       const uint8_t len[256], uint64_t *bits, unsigned *nb,
+		       uint8_t **op, const uint8_t *end)
+{
+	*bits |= (uint64_t)code[x] << *nb;
+	*nb += len[x];
+	while (*nb >= 8) {
+		if (*op >= end)
+			return -1;
+		*(*op)++ = (uint8_t)*bits;
+		*bits >>= 8;
+		*nb -= 8;
+	}
+	return 0;
+}
+
 /* pairs[a | b << 8]: the bits of a then b (<= 22) and their count << 24,
  * for the present symbols; ESC elsewhere if esc. */
 static void fill_pairs(uint32_t *pairs, const uint16_t code[256],
@@ -447,19 +465,10 @@ size_t fmt_huf_encode(const uint8_t *p, size_t n,
 		nb[0] = n0; nb[1] = n1; nb[2] = n2; nb[3] = n3;
 	}
 	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
-		for (size_t k = seg(n, s) + i; k < seg(n, s + 1); k++) {
-			unsigned x = p[k];
-
-			bits[s] |= (uint64_t)code[x] << nb[s];
-			nb[s] += len[x];
-			while (nb[s] >= 8) {
-				if (op[s] >= end[s])
-					return 0;
-				*op[s]++ = (uint8_t)bits[s];
-				bits[s] >>= 8;
-				nb[s] -= 8;
-			}
-		}
+		for (size_t k = seg(n, s) + i; k < seg(n, s + 1); k++)
+			if (put1(p[k], code, len, &bits[s], &nb[s], &op[s],
+				 end[s]))
+				return 0;
 	}
 	for (unsigned s = 0; s < FMT_HUF_STREAMS; s++) {
 		if (nb[s]) {
@@ -498,17 +507,9 @@ enc_elems(const uint8_t *src, size_t n, const unsigned w,
 		for (size_t k = seg(n, s) + i; k < seg(n, s + 1); k++) {
 			unsigned x = esym(src, k, w);
 
-			if (!len[x])
+			if (!len[x] || put1(x, code, len, &bits[s], &nb[s],
+					    &op[s], end[s]))
 				return 0;
-			bits[s] |= (uint64_t)code[x] << nb[s];
-			nb[s] += len[x];
-			while (nb[s] >= 8) {
-				if (op[s] >= end[s])
-					return 0;
-				*op[s]++ = (uint8_t)bits[s];
-				bits[s] >>= 8;
-				nb[s] -= 8;
-			}
 		}
 		if (nb[s]) {
 			if (op[s] >= end[s])
