@@ -110,33 +110,50 @@ done:
 	free(back);
 }
 
-static void weights_mode(unsigned sel, const uint8_t *p, size_t n)
+#define WEIGHTS_LEN (1u << 20)
+
+/* WEIGHTS_LEN bytes of elements of width w near N(0, 0.02), the same
+ * for every input: drawn once per width. */
+static const uint8_t *weights_base(unsigned w)
 {
-	unsigned w = (sel >> 2) & 2 ? 4 : 2; /* widths 1, 2, 4, 8: 2, 2, 4, 4 */
-	const size_t len = 1u << 20, cnt = len / w;
-	static uint8_t *raw;
+	static uint8_t *base[2];
+	uint8_t **b = &base[w == 4];
 	uint64_t x = 0x9e3779b97f4a7c15ull;
 
-	if (!raw && !(raw = malloc(len)))
+	if (*b)
+		return *b;
+	if (!(*b = malloc(WEIGHTS_LEN)))
 		abort();
-	for (size_t i = 0; i < cnt; i++) {
+	for (size_t i = 0; i < WEIGHTS_LEN / w; i++) {
 		double g = 0;
 		float f;
-		uint32_t b;
+		uint32_t v;
 
 		for (int k = 0; k < 4; k++) { /* a centred sum of uniforms */
 			x = x * 6364136223846793005ull + 1442695040888963407ull;
 			g += (double)(x >> 11) / 9007199254740992.0 - 0.5;
 		}
 		f = (float)(g * 0.02 * 1.7320508);
-		memcpy(&b, &f, 4);
+		memcpy(&v, &f, 4);
 		if (w == 2) {
-			raw[2 * i] = (uint8_t)(b >> 16);
-			raw[2 * i + 1] = (uint8_t)(b >> 24);
+			(*b)[2 * i] = (uint8_t)(v >> 16);
+			(*b)[2 * i + 1] = (uint8_t)(v >> 24);
 		} else {
-			memcpy(raw + 4 * i, &b, 4);
+			memcpy(*b + 4 * i, &v, 4);
 		}
 	}
+	return *b;
+}
+
+static void weights_mode(unsigned sel, const uint8_t *p, size_t n)
+{
+	unsigned w = (sel >> 2) & 2 ? 4 : 2; /* widths 1, 2, 4, 8: 2, 2, 4, 4 */
+	const size_t cnt = WEIGHTS_LEN / w;
+	static uint8_t *raw;
+
+	if (!raw && !(raw = malloc(WEIGHTS_LEN)))
+		abort();
+	memcpy(raw, weights_base(w), WEIGHTS_LEN);
 	for (; n >= 6; p += 6, n -= 6) {
 		size_t i = (p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 |
 			    (size_t)p[3] << 24) % cnt;
@@ -144,7 +161,8 @@ static void weights_mode(unsigned sel, const uint8_t *p, size_t n)
 		raw[w * i + w - 2] = p[4];
 		raw[w * i + w - 1] = p[5];
 	}
-	roundtrip_mode((sel & ~0x4cu) | (w == 2 ? 1u : 2u) << 2, raw, len);
+	roundtrip_mode((sel & ~0x4cu) | (w == 2 ? 1u : 2u) << 2, raw,
+		       WEIGHTS_LEN);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
