@@ -404,7 +404,7 @@ START_TEST(copy_parallel)
 	ck_assert_int_eq(tu_save(c, 6, &set), 0);
 	ck_assert_int_eq(ckpt_close(c), 0);
 	ck_assert_msg(copy_counted(dir, "par", &o) >= 2,
-		      "uploads open at once: %ld", o.max_open);
+		      "uploads open at once: %ld (%s)", o.max_open, o.seen);
 	read_back("gs://" BUCKET "/par", 6, &set);
 	setenv("CKPT_GCS_STREAMS", "1", 1);
 	ck_assert_msg(copy_counted(dir, "par1", &o) == 1,
