@@ -80,10 +80,45 @@ static int rd_check_hdr(const ckpt_reader *r, const struct rd_batch *b,
 	return 0;
 }
 
+/* The worker's codec context, made on first use; NULL when out of
+ * memory. Decodes fault a target's fresh pages in a block at a time. */
+static fmt_codec_ctx *rd_worker_cc(struct rd_worker *w)
+{
+	if (!w->cc && (w->cc = fmt_codec_ctx_new()))
+		fmt_codec_ctx_set_prepare(w->cc, eng_prefault_write);
+	return w->cc;
+}
+
+/*
+ * Codec none into one target: copied and hashed a block at a time, each
+ * block's destination pages faulted in just before (eng_prefault_write),
+ * so the source is read from memory once and a fresh page is zeroed and
+ * written while in cache. Hashing the whole chunk first and copying it
+ * after read it twice; prefaulting a whole 4 MiB target first sent its
+ * zeroes out to memory before the copy wrote them again.
+ */
+#define RD_COPY_BLOCK (256u << 10)
+
+static uint64_t rd_copy_hash(XXH3_state_t *hs, uint8_t *dst,
+			     const uint8_t *src, uint64_t n)
+{
+	XXH3_64bits_reset(hs);
+	for (uint64_t o = 0; o < n; o += RD_COPY_BLOCK) {
+		size_t k = n - o < RD_COPY_BLOCK ? (size_t)(n - o) :
+						   RD_COPY_BLOCK;
+
+		eng_prefault_write(dst + o, k);
+		memcpy(dst + o, src + o, k);
+		XXH3_64bits_update(hs, src + o, k);
+	}
+	return XXH3_64bits_digest(hs);
+}
+
 /*
  * Checks the chunk in j->buf against its index entry and decodes it: into
- * `into` when given (raw_len bytes of a destination), else into the
- * worker's buffer, or in place for codec none. *raw gets the raw bytes.
+ * `into` when given (raw_len bytes of a destination; codec none is copied
+ * there as it is hashed), else into the worker's buffer, or in place for
+ * codec none. *raw gets the raw bytes.
  */
 static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 			  const struct rd_job *j, uint8_t *into,
@@ -99,7 +134,19 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 	rc = rd_check_hdr(r, b, j, msg, len);
 	if (rc < 0)
 		return rc;
-	if (ce->codec == CKPT_CODEC_NONE) {
+	if (ce->codec == CKPT_CODEC_NONE && into && !w->hs)
+		w->hs = XXH3_createState(); /* once: NULL copies after */
+	if (ce->codec == CKPT_CODEC_NONE && into && w->hs) {
+		out = into;
+		if (rd_copy_hash(w->hs, into, payload, ce->raw_len) !=
+		    ce->raw_xxh3) {
+			rd_io_msg(r, b, j, msg, len,
+				  "chunk checksum mismatch");
+			return CKPT_E_CORRUPT;
+		}
+		*raw = out;
+		return 0;
+	} else if (ce->codec == CKPT_CODEC_NONE) {
 		out = (uint8_t *)payload;
 	} else {
 		out = into;
@@ -118,13 +165,9 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 			}
 			out = w->raw;
 		}
-		if (!w->cc) {
-			w->cc = fmt_codec_ctx_new();
-			if (!w->cc) {
-				rd_io_msg(r, b, j, msg, len,
-					     "out of memory");
-				return -ENOMEM;
-			}
+		if (!rd_worker_cc(w)) {
+			rd_io_msg(r, b, j, msg, len, "out of memory");
+			return -ENOMEM;
 		}
 		err[0] = 0;
 		rc = fmt_chunk_decode(w->cc, ce->codec, ce->elem_width,
@@ -215,7 +258,7 @@ static int rd_decode_parts(struct rd_worker *w, const struct rd_batch *b,
 
 	if (ce->codec == CKPT_CODEC_NONE || b->cache_fill)
 		return 0;
-	if (!w->cc && !(w->cc = fmt_codec_ctx_new()))
+	if (!rd_worker_cc(w))
 		return 0; /* the general path says it */
 	np = rd_parts(r, b, j, parts);
 	if (np == 0)
@@ -255,16 +298,18 @@ static void rd_process(struct rd_worker *w, struct rd_batch *b,
 	if (j->t1 - j->t0 == 1)
 		into = rd_tg_inside_row(&b->tg[b->tmap[j->t0]],
 				     ce->stream_offset, ce->raw_len);
-	if (!into) {
+	/* compressed: through the parts path even for one target (one
+	 * part), which hashes each block as it is made instead of hashing
+	 * the whole target again afterwards (warm 4 GiB float restore:
+	 * workers' time -18%) */
+	if (!into || ce->codec != CKPT_CODEC_NONE) {
 		rc = rd_decode_parts(w, b, j, msg, sizeof(msg));
 		if (rc < 0)
 			rd_job_fail(r, b, j, rc, msg);
 		if (rc != 0)
 			return;
 	}
-	rc = rd_check_chunk(w, b, j,
-			    ce->codec != CKPT_CODEC_NONE ? into : NULL, &raw,
-			    msg, sizeof(msg));
+	rc = rd_check_chunk(w, b, j, into, &raw, msg, sizeof(msg));
 	if (rc < 0) {
 		rd_job_fail(r, b, j, rc, msg);
 		return;

@@ -162,6 +162,12 @@ static inline uint64_t fmt_chunk_span(uint32_t stored_len)
 typedef struct fmt_codec_ctx fmt_codec_ctx; /* one per thread */
 fmt_codec_ctx *fmt_codec_ctx_new(void);
 void fmt_codec_ctx_free(fmt_codec_ctx *c);
+/* fmt_chunk_decode_parts calls fn(dst, n) before it writes each run of up
+ * to FMT_PREPARE_BLOCK bytes of a part's destination (the engine faults
+ * fresh pages in there: format/ does no system calls). NULL: none. */
+#define FMT_PREPARE_BLOCK (256u * 1024u)
+void fmt_codec_ctx_set_prepare(fmt_codec_ctx *c,
+			       void (*fn)(void *dst, size_t n));
 
 /* Largest payload encode may produce for raw_len bytes (any codec). */
 size_t fmt_codec_bound(size_t raw_len);

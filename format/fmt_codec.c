@@ -69,6 +69,7 @@ struct fmt_codec_ctx {
 	uint32_t *huf_pairs;    /* FMT_HUF_PAIRS, Huffman encoder scratch */
 	XXH3_state_t *hs;       /* fmt_chunk_decode_parts */
 	uint8_t *blk;           /* PART_BLOCK: raw bytes nobody wants */
+	void (*prepare)(void *dst, size_t n); /* fmt_codec_ctx_set_prepare */
 };
 
 fmt_codec_ctx *fmt_codec_ctx_new(void)
@@ -104,6 +105,12 @@ void fmt_codec_ctx_free(fmt_codec_ctx *c)
 	XXH3_freeState(c->hs);
 	free(c->blk);
 	free(c);
+}
+
+void fmt_codec_ctx_set_prepare(fmt_codec_ctx *c,
+			       void (*fn)(void *dst, size_t n))
+{
+	c->prepare = fn;
 }
 
 static int scratch_reserve(fmt_codec_ctx *c, size_t n)
@@ -914,12 +921,21 @@ static void float_emit(fmt_codec_ctx *c, const uint8_t *const planes[8],
 		       uint64_t end, uint8_t *out)
 {
 	uint64_t eend = end < (uint64_t)n * w ? end : (uint64_t)n * w;
+	uint64_t prepared = pos;
 
 	while (pos < eend) {
 		size_t k = eend - pos < PART_BLOCK ? (size_t)(eend - pos) :
 						     PART_BLOCK;
 		const uint8_t *q[8];
 		uint8_t *o = out ? out : c->blk;
+
+		if (out && c->prepare && pos >= prepared) {
+			uint64_t m = end - pos < FMT_PREPARE_BLOCK ?
+					     end - pos : FMT_PREPARE_BLOCK;
+
+			c->prepare(out, (size_t)m);
+			prepared = pos + m;
+		}
 
 		for (unsigned j = 0; j < w; j++)
 			q[j] = planes[j] + pos / w;
@@ -974,8 +990,16 @@ int fmt_chunk_decode_parts(fmt_codec_ctx *c, int codec, int elem_width,
 				   p->off + p->len, p->dst);
 			continue;
 		}
-		if (p->dst)
-			memcpy(p->dst, src + p->off, (size_t)p->len);
+		for (uint64_t o = 0; p->dst && o < p->len;
+		     o += FMT_PREPARE_BLOCK) {
+			size_t k = p->len - o < FMT_PREPARE_BLOCK ?
+					   (size_t)(p->len - o) :
+					   FMT_PREPARE_BLOCK;
+
+			if (c->prepare)
+				c->prepare(p->dst + o, k);
+			memcpy(p->dst + o, src + p->off + o, k);
+		}
 		XXH3_64bits_update(c->hs, src + p->off, (size_t)p->len);
 	}
 	*xxh3 = XXH3_64bits_digest(c->hs);

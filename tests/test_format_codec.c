@@ -1,6 +1,8 @@
 /*
  * test_format_codec.c - format v1 (format/), its chunk codecs: every
- * codec's round trip over kinds of data, fmt_chunk_decode_parts, garbage,
+ * codec's round trip over kinds of data, fmt_chunk_decode_parts (and its
+ * prepare hook: called on each block of a destination before it is
+ * written, at most FMT_PREPARE_BLOCK bytes, covering it all), garbage,
  * truncated and flipped payloads; the float codec's byte planes (checked
  * against an independent reading of SPEC.md 5.3) and its ratio and speed
  * on bf16 weights; its Huffman planes (mode 2), round trip and hostile.
@@ -157,6 +159,26 @@ static size_t random_parts(fmt_part *p, size_t max, size_t n, unsigned w,
 	return np;
 }
 
+/* The prepare hook's record: which bytes of `back` it was called on; a
+ * call on bytes already written, or too large, is counted as wrong. */
+static uint8_t *prep_base, *prep_seen;
+static size_t prep_n, prep_wrong;
+
+static void prep_hook(void *dst, size_t n)
+{
+	uint8_t *d = dst;
+
+	if (d < prep_base || n > FMT_PREPARE_BLOCK ||
+	    n > prep_n - (size_t)(d - prep_base)) {
+		prep_wrong++;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		prep_wrong += d[i] != 0xee; /* written before prepared */
+		prep_seen[d - prep_base + i] = 1;
+	}
+}
+
 /* One encoded chunk of n bytes through fmt_chunk_decode_parts. */
 static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
 			int codec, int w, uint8_t *out, uint8_t *back,
@@ -170,9 +192,15 @@ static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
 
 	roundtrip(c, codec, w, 1, raw, n, out, ref, &used, &stored);
 	pw = used == CKPT_CODEC_FLOAT ? (unsigned)w : 1u;
-	for (int iter = 0; iter < 4; iter++) {
+	for (int iter = 0; iter < 8; iter++) {
 		memset(back, 0xee, n);
 		np = random_parts(p, 16, n, pw, back);
+		/* odd iterations with the hook */
+		fmt_codec_ctx_set_prepare(c, iter & 1 ? prep_hook : NULL);
+		prep_base = back;
+		prep_n = n;
+		prep_wrong = 0;
+		memset(prep_seen, 0, n);
 		ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored,
 							n, p, np, &h, errbuf,
 							sizeof(errbuf)),
@@ -183,13 +211,20 @@ static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
 
 			if (p[i].dst) {
 				ck_assert(!memcmp(back + k, raw + k, e - k));
+				if (iter & 1)
+					ck_assert(!memchr(prep_seen + k, 0,
+							  e - k));
 				continue;
 			}
+			if (iter & 1)
+				ck_assert(!memchr(prep_seen + k, 1, e - k));
 			while (k < e && back[k] == 0xee)
 				k++;
 			ck_assert_uint_eq(k, e);
 		}
+		ck_assert_uint_eq(prep_wrong, 0);
 	}
+	fmt_codec_ctx_set_prepare(c, NULL);
 	/* a short tiling, a hole, a boundary inside an element */
 	bad[0] = (fmt_part){ 0, n, back };
 	ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored, n + 1,
@@ -224,14 +259,16 @@ static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
  * tiling with holes, overlaps or a boundary inside an element. */
 START_TEST(test_codec_parts)
 {
-	static const size_t sizes[] = { 1, 7, 64, 4097, 65537, 200001 };
+	static const size_t sizes[] = { 1, 7, 64, 4097, 65537, 200001,
+					1000003 };
 	static const int widths[] = { 2, 4, 8 };
-	size_t maxn = 200001;
+	size_t maxn = 1000003;
 	uint8_t *raw = malloc(maxn), *out = malloc(fmt_codec_bound(maxn));
 	uint8_t *back = malloc(maxn), *ref = malloc(maxn);
 	fmt_codec_ctx *c = fmt_codec_ctx_new();
 
-	ck_assert(c && raw && out && back && ref);
+	prep_seen = malloc(maxn);
+	ck_assert(c && raw && out && back && ref && prep_seen);
 	for (int kind = 0; kind < D_KINDS; kind++) {
 		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]);
 		     si++) {
@@ -247,6 +284,7 @@ START_TEST(test_codec_parts)
 	free(out);
 	free(back);
 	free(ref);
+	free(prep_seen);
 }
 END_TEST
 
