@@ -25,8 +25,9 @@ temporary made from them) until the engine releases that memory
 (ckpt_wait_released, or a wait, the next save, close). save() keeps the
 cyclic GC off while the caller waits on it (a collection walks every object
 of the process, 25 ms with torch loaded). restore() reads the tree,
-allocates each destination with its exact dtype and shape and fills them
-all with one ckpt_read_batch.
+allocates each destination with its exact dtype and shape (or, with
+into=, takes the caller's matching array) and fills them all with one
+ckpt_read_batch.
 
   state --_tree.flatten--> [ckpt_tensor] --ckpt_save_ex--> staging pool
         (borrow: [ckpt_tensor] held in _borrowed --workers--> pool,
@@ -297,12 +298,21 @@ def _read_all(r, targets, what):
                      "%s: tensor %s" % (what, bad))
 
 
-def load(location, step=None):
+def load(location, step=None, into=None):
     """The state saved as `step` (None: the latest) at a location (a
     directory or gs://BUCKET/PREFIX), with its structure and types. A
     step saved without a tree (by C code) comes back as a dict of tensor
-    name -> numpy array (bf16 / f8 as torch tensors when torch imports)."""
-    return _load(location, step, None)
+    name -> numpy array (bf16 / f8 as torch tensors when torch imports).
+
+    into: a state of the same structure (the live model's, e.g.
+    ckpt.pytorch.training_state(model, optimizer)) whose arrays are read
+    into in place where one matches the saved array exactly (same path,
+    dtype and shape; dense, C-contiguous, writable, on the CPU); the
+    result holds those very objects, and new ones where nothing matched.
+    No second copy of the state is made, and memory already touched is
+    not faulted in again. If the load fails, those arrays may hold part
+    of the step."""
+    return _load(location, step, None, into)
 
 
 def _latest_at(location):
@@ -324,7 +334,7 @@ def _latest_at(location):
         _L.ckpt_close(h)
 
 
-def _load(location, step, settings):
+def _load(location, step, settings, into=None):
     what = "restore %s" % location
     r = ctypes.c_void_p()
     want = _lib.LATEST if step is None else int(step)
@@ -339,8 +349,16 @@ def _load(location, step, settings):
             _read_all(r, targets, what)
             return {name: obj for name, obj, _p, _n, _f in targets}
         targets = []
+        mine = _tree.by_name(into) if into is not None else {}
+        taken = set()  # memory given once (tied weights: one of them)
         for node in _tree.arrays(root):
-            obj, ptr, nbytes, fin = _arrays.alloc(node)
+            x = mine.get(node["name"])
+            got = _arrays.reuse(node, x) if x is not None else None
+            if got is not None and got[2] and got[1] in taken:
+                got = None
+            if got is not None:
+                taken.add(got[1])
+            obj, ptr, nbytes, fin = got or _arrays.alloc(node)
             targets.append((node["name"], obj, ptr, nbytes, fin))
         _read_all(r, targets, what)
         values = {name: fin(obj) for name, obj, _p, _n, fin in targets}
@@ -782,11 +800,12 @@ class Checkpointer:
         finally:
             _L.ckpt_free(p)
 
-    def restore(self, step=None):
+    def restore(self, step=None, into=None):
         """The state saved as `step` (None: the latest, see latest_step),
         with the same nesting and types it was saved with; with a remote,
         from the directory if the step is committed there, else from the
-        bucket. NotFoundError if none."""
+        bucket. NotFoundError if none. into: arrays to read into in place,
+        as for ckpt.load()."""
         self._handle()
         where = self.location
         if step is None and self.remote:
@@ -794,11 +813,12 @@ class Checkpointer:
             if step is None:
                 where = self.location
         try:
-            return _load(where, step, ctypes.byref(self._settings))
+            return _load(where, step, ctypes.byref(self._settings), into)
         except NotFoundError:
             if not self.remote or where == self.remote:
                 raise
-            return _load(self.remote, step, ctypes.byref(self._settings))
+            return _load(self.remote, step, ctypes.byref(self._settings),
+                         into)
 
     # -- watcher, plan, upload
     def _get(self, cls, fn, what):

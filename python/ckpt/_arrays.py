@@ -249,6 +249,35 @@ def alloc(meta):
     return a, a.ctypes.data, a.nbytes, fin
 
 
+def reuse(meta, x):
+    """x as the destination of a saved leaf, written in place: (x,
+    pointer, nbytes, finish) when x is a dense, C-contiguous, writable CPU
+    tensor or numpy array of exactly the saved dtype and shape, else None
+    (the leaf is then allocated anew)."""
+    kind, shape = meta["kind"], tuple(meta["shape"])
+    if kind == "torch" and torch is not None and \
+            isinstance(x, torch.Tensor):
+        if ("scale" in meta or x.layout != torch.strided or not x.is_cpu
+                or x.is_quantized or x.is_neg() or x.is_conj()
+                or _TORCH_NAME.get(x.dtype) != meta["dtype"]
+                or tuple(x.shape) != shape or not x.is_contiguous()
+                or _TORCH[x.dtype][1]):
+            return None
+        return x, x.data_ptr(), x.numel() * x.element_size(), _same
+    if kind == "numpy" and type(x) is np.ndarray:
+        if (meta.get("raw") or meta.get("pairs") or x.dtype.fields is not None
+                or not x.dtype.isnative or not x.flags.c_contiguous
+                or not x.flags.writeable or x.shape != shape
+                or x.dtype != _np_dtype(meta["dtype"])):
+            return None
+        return x, x.ctypes.data, x.nbytes, _same
+    return None
+
+
+def _same(v):
+    return v
+
+
 def _torch_finish(t, meta):
     if meta.get("param"):
         return torch.nn.Parameter(t, requires_grad=bool(

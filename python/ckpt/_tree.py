@@ -61,7 +61,8 @@ def _escape(key):
 
 
 class _Flattener:
-    def __init__(self):
+    def __init__(self, objs=None):
+        self.objs = objs  # a list: also gets each leaf's object
         self.leaves = []
         self.used = {TREE_NAME}
         self.open = set()  # ids of the containers being walked
@@ -106,6 +107,8 @@ class _Flattener:
                                t.__qualname__))
         name = self.name(parts)
         self.leaves.append((name, lf))
+        if self.objs is not None:
+            self.objs.append(x)
         return dict({"t": "array", "name": name}, **lf.meta)
 
     def container(self, x, t, parts):
@@ -140,6 +143,15 @@ def flatten(state):
     doc = json.dumps({"ckpt_tree": VERSION, "root": root},
                      separators=(",", ":"), allow_nan=False)
     return doc.encode("ascii"), f.leaves
+
+
+def by_name(state):
+    """{tensor name: array object} of a state, named as flatten() names
+    them (the same structure gives the same names)."""
+    objs = []
+    f = _Flattener(objs)
+    f.node(state, [])
+    return {name: x for (name, _lf), x in zip(f.leaves, objs)}
 
 
 def parse(doc):

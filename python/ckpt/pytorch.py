@@ -3,8 +3,13 @@
     from ckpt.pytorch import training_state, load_training_state
     c.save(step, training_state(model=model, optimizer=opt, step=step))
     ...
-    state = load_training_state(c.restore(), model=model, optimizer=opt)
+    mine = training_state(model=model, optimizer=opt)
+    state = load_training_state(c.restore(into=mine), model=model,
+                                optimizer=opt)
     start = state["step"] + 1
+
+(into= reads the saved tensors straight into the model's parameters and
+the optimizer's moments where they match: no second copy of the state.)
 
 Design note. A resumed run is bit-identical to one that never stopped
 when everything that decides the next steps comes back exactly: the
