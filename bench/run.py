@@ -166,9 +166,9 @@ class Run:
         self.done(key, dt)
         if not res:
             return self.skip(key, why)
-        for k in ("save_s", "load_s", "block_s", "first_block_s",
-                  "borrow_block_s", "borrow_release_s", "rss_save",
-                  "rss_load", "stored_bytes"):
+        for k in ("save_s", "load_s", "load_into_s", "block_s",
+                  "first_block_s", "borrow_block_s", "borrow_release_s",
+                  "rss_save", "rss_load", "rss_into", "stored_bytes"):
             self.add(sz, key + "|" + k, res.get(k))
 
     def ckptctl(self, sz, st, work):

@@ -29,6 +29,12 @@ ckpt's save is:
                through the Python binding (one save right after opening,
                then the timed one, as bench_ops does; then a borrowed
                one: borrow_block_s, borrow_release_s)
+
+torch and ours-py then load again into the arrays their first load made
+(memory already touched, as a model built before its restore is), page
+cache dropped: load_into_s and its peak RSS rss_into. ours-py reads in
+place (ckpt.load(into=)); torch loads and copies, as
+model.load_state_dict(torch.load(path)) does.
 """
 
 import argparse
@@ -138,6 +144,18 @@ def case_torch(a, state, dtype, res):
     t0 = time.monotonic()
     got = torch.load(path)
     res["load_s"] = time.monotonic() - t0
+    check(state, from_torch(got))
+    yield None
+    # a restart into a model already built: torch.load, then
+    # load_state_dict's copy_ into its (touched) parameters
+    res["into_dropped"] = drop_caches()
+    t0 = time.monotonic()
+    sd = torch.load(path)
+    with torch.no_grad():
+        for k, t in got.items():
+            t.copy_(sd[k])
+    del sd
+    res["load_into_s"] = time.monotonic() - t0
     check(state, from_torch(got))
 
 
@@ -267,6 +285,15 @@ def case_ours_py(a, state, dtype, res):
     got = ckpt.load(root, 2)
     res["load_s"] = time.monotonic() - t0
     check(state, from_torch(got) if st is not state else got)
+    yield None
+    # the same into a model already built: read in place (into=)
+    res["into_dropped"] = drop_caches()
+    t0 = time.monotonic()
+    again = ckpt.load(root, 2, into=got)
+    res["load_into_s"] = time.monotonic() - t0
+    if any(again[k] is not got[k] for k in got):
+        raise SystemExit("peers.py: into= did not read in place")
+    check(state, from_torch(got) if st is not state else got)
 
 
 CASES = {"torch": case_torch, "numpy": case_numpy,
@@ -310,9 +337,13 @@ def main():
     res["stored_bytes"] = du(stored) if stored else res["bytes"]
     res["caches_dropped"] = drop_caches()
     hwm_reset()
+    next(steps, None)
+    res["rss_load"] = rss(a.case, hwm())
+    hwm_reset()
     for _ in steps:
         pass
-    res["rss_load"] = rss(a.case, hwm())
+    if "load_into_s" in res:
+        res["rss_into"] = rss(a.case, hwm())
     shutil.rmtree(a.dir, ignore_errors=True)
     print(json.dumps(res))
 

@@ -142,6 +142,25 @@ def tables(sz):
             out.append(("%s: x faster than each peer (peer time / ours)"
                         % op.capitalize(), [""] + hdr, rows, None))
     rows = []
+    t_peer = med(sz, "torch|load_into_s")
+    for key, label in OURS_SAVE[3:5] + [
+            ("torch", "torch.load + copy_ (as load_state_dict)")]:
+        r = rate(sz, key + "|load_into_s")
+        if r:
+            t = med(sz, key + "|load_into_s")
+            rows.append([label, fmt_r(r),
+                         ratio(r["median"], med(sz, "limits|fio_read")),
+                         ratio(t_peer, t) if key != "torch" else "",
+                         fmt_s(sz["summary"].get(key + "|rss_into"),
+                               1 / MIB, 0)])
+    out.append(("Load into a model already built (MiB/s of state, page "
+                "cache dropped; into memory touched before)",
+                ["", "median [min-max]", "x fio read",
+                 "x faster than torch.load + copy_", "peak RSS MiB"], rows,
+                "ckpt reads in place (ckpt.load(into=...)); torch loads a "
+                "second copy and copies it, as "
+                "model.load_state_dict(torch.load(path)) does"))
+    rows = []
     for key, label in OURS_SAVE[:3]:
         for m, what in (("load_one_s", "one tensor"), ("load_slice_s",
                                                      "one slice")):

@@ -14,8 +14,9 @@ import os
 
 import report
 
-SECTIONS = ["Stall", "Save to durable", "Load everything", "Partial loads",
-            "Cloud Storage", "Peak RSS", "Limits"]
+SECTIONS = ["Stall", "Save to durable", "Load everything",
+            "Load into a model", "Partial loads", "Cloud Storage",
+            "Peak RSS", "Limits"]
 
 
 def check(out, a):
@@ -46,7 +47,10 @@ def check(out, a):
     want += ["ours-gcs/%s|%s" % (c, m) for c in a.gcs_codecs
              for m in ("save_s", "load_s", "durable_s")]
     want += ["ours-py/%s|%s" % (c, m) for c in a.py_codecs
-             for m in ("block_s", "save_s", "load_s")]
+             for m in ("block_s", "save_s", "load_s", "load_into_s",
+                       "rss_into")]
+    if "torch" in a.peers:
+        want += ["torch|load_into_s", "torch|rss_into"]
     want += ["ours-c/%s-pool8|%s" % (a.codecs[-1], m)
              for m in ("block_s", "save_s", "rss_save")]
     want += ["limits|" + k for k in ("memcpy", "xxh3", "zstd1",
