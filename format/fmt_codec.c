@@ -948,6 +948,8 @@ static void float_emit(fmt_codec_ctx *c, const uint8_t *const planes[8],
 	if (pos < end) { /* the tail: fewer than w bytes */
 		const uint8_t *t = tail + (pos - (uint64_t)n * w);
 
+		if (out && c->prepare && pos >= prepared)
+			c->prepare(out, (size_t)(end - pos));
 		if (out)
 			memcpy(out, t, (size_t)(end - pos));
 		XXH3_64bits_update(c->hs, t, (size_t)(end - pos));

@@ -224,6 +224,18 @@ static void check_parts(fmt_codec_ctx *c, const uint8_t *raw, size_t n,
 		}
 		ck_assert_uint_eq(prep_wrong, 0);
 	}
+	if (n % pw && n > pw) { /* a part of the tail bytes alone */
+		bad[0] = (fmt_part){ 0, n - n % pw, back };
+		bad[1] = (fmt_part){ n - n % pw, n % pw, back + n - n % pw };
+		memset(back, 0xee, n);
+		memset(prep_seen, 0, n);
+		ck_assert_int_eq(fmt_chunk_decode_parts(c, used, w, out, stored,
+							n, bad, 2, &h, errbuf,
+							sizeof(errbuf)),
+				 0);
+		ck_assert(!memcmp(back, raw, n) && !memchr(prep_seen, 0, n));
+		ck_assert_uint_eq(prep_wrong, 0);
+	}
 	fmt_codec_ctx_set_prepare(c, NULL);
 	/* a short tiling, a hole, a boundary inside an element */
 	bad[0] = (fmt_part){ 0, n, back };
