@@ -41,11 +41,12 @@
  *      bytes, copy into every destination row the chunk overlaps
  *
  * Memory is bounded by the buffer pool, never by the size of the
- * checkpoint. When a chunk lies inside one destination row it is decoded
- * (or, codec none, copied) in place, a block at a time: each block of the
- * destination faulted in (eng_prefault_write), written and hashed while
- * it is in cache, so a restore into fresh memory reads the chunk once and
- * pays no trap per page.
+ * checkpoint. A chunk whose targets are each one run of its bytes is
+ * decoded (codec none: copied) straight into them by
+ * fmt_chunk_decode_parts, a block at a time: each block of a destination
+ * faulted in (eng_prefault_write, its prepare hook), written and hashed
+ * while it is in cache, so a restore into fresh memory reads the chunk
+ * once and pays no trap per page.
  *
  * Verification runs the same pipeline over a shard file's chunks in file
  * order ("ordered" batches): the calling thread hashes each buffer into
@@ -165,7 +166,6 @@ struct rd_worker {
 	fmt_codec_ctx *cc;
 	uint8_t *raw;
 	size_t rawcap;
-	XXH3_state_t *hs; /* codec none copied into a target while hashed */
 };
 
 struct ckpt_reader {

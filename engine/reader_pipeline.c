@@ -296,7 +296,6 @@ void rd_stop_workers(ckpt_reader *r, int in_child)
 			pthread_join(r->workers[i].th, NULL);
 		fmt_codec_ctx_free(r->workers[i].cc);
 		free(r->workers[i].raw);
-		XXH3_freeState(r->workers[i].hs);
 	}
 	free(r->workers);
 	r->workers = NULL;

@@ -90,35 +90,9 @@ static fmt_codec_ctx *rd_worker_cc(struct rd_worker *w)
 }
 
 /*
- * Codec none into one target: copied and hashed a block at a time, each
- * block's destination pages faulted in just before (eng_prefault_write),
- * so the source is read from memory once and a fresh page is zeroed and
- * written while in cache. Hashing the whole chunk first and copying it
- * after read it twice; prefaulting a whole 4 MiB target first sent its
- * zeroes out to memory before the copy wrote them again.
- */
-#define RD_COPY_BLOCK (256u << 10)
-
-static uint64_t rd_copy_hash(XXH3_state_t *hs, uint8_t *dst,
-			     const uint8_t *src, uint64_t n)
-{
-	XXH3_64bits_reset(hs);
-	for (uint64_t o = 0; o < n; o += RD_COPY_BLOCK) {
-		size_t k = n - o < RD_COPY_BLOCK ? (size_t)(n - o) :
-						   RD_COPY_BLOCK;
-
-		eng_prefault_write(dst + o, k);
-		memcpy(dst + o, src + o, k);
-		XXH3_64bits_update(hs, src + o, k);
-	}
-	return XXH3_64bits_digest(hs);
-}
-
-/*
  * Checks the chunk in j->buf against its index entry and decodes it: into
- * `into` when given (raw_len bytes of a destination; codec none is copied
- * there as it is hashed), else into the worker's buffer, or in place for
- * codec none. *raw gets the raw bytes.
+ * `into` when given (raw_len bytes of a destination), else into the
+ * worker's buffer, or in place for codec none. *raw gets the raw bytes.
  */
 static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 			  const struct rd_job *j, uint8_t *into,
@@ -134,19 +108,7 @@ static int rd_check_chunk(struct rd_worker *w, const struct rd_batch *b,
 	rc = rd_check_hdr(r, b, j, msg, len);
 	if (rc < 0)
 		return rc;
-	if (ce->codec == CKPT_CODEC_NONE && into && !w->hs)
-		w->hs = XXH3_createState(); /* once: NULL copies after */
-	if (ce->codec == CKPT_CODEC_NONE && into && w->hs) {
-		out = into;
-		if (rd_copy_hash(w->hs, into, payload, ce->raw_len) !=
-		    ce->raw_xxh3) {
-			rd_io_msg(r, b, j, msg, len,
-				  "chunk checksum mismatch");
-			return CKPT_E_CORRUPT;
-		}
-		*raw = out;
-		return 0;
-	} else if (ce->codec == CKPT_CODEC_NONE) {
+	if (ce->codec == CKPT_CODEC_NONE) {
 		out = (uint8_t *)payload;
 	} else {
 		out = into;
@@ -240,10 +202,10 @@ static size_t rd_parts(const ckpt_reader *r, const struct rd_batch *b,
 }
 
 /*
- * A compressed chunk feeding several targets, each one run of its bytes:
- * decoded once straight into them, hashed on the way (no decode into the
- * worker's buffer and copy out, no second pass for the hash). 1 done,
- * 0 not that case, < 0 failed (*msg set).
+ * A chunk feeding its targets, each one run of its bytes: decoded (codec
+ * none: copied) once straight into them, hashed on the way a block at a
+ * time (no decode into the worker's buffer and copy out, no second pass
+ * for the hash). 1 done, 0 not that case, < 0 failed (*msg set).
  */
 static int rd_decode_parts(struct rd_worker *w, const struct rd_batch *b,
 			   const struct rd_job *j, char *msg, size_t len)
@@ -256,7 +218,7 @@ static int rd_decode_parts(struct rd_worker *w, const struct rd_batch *b,
 	uint64_t h;
 	int rc;
 
-	if (ce->codec == CKPT_CODEC_NONE || b->cache_fill)
+	if (b->cache_fill)
 		return 0;
 	if (!rd_worker_cc(w))
 		return 0; /* the general path says it */
@@ -298,18 +260,18 @@ static void rd_process(struct rd_worker *w, struct rd_batch *b,
 	if (j->t1 - j->t0 == 1)
 		into = rd_tg_inside_row(&b->tg[b->tmap[j->t0]],
 				     ce->stream_offset, ce->raw_len);
-	/* compressed: through the parts path even for one target (one
-	 * part), which hashes each block as it is made instead of hashing
-	 * the whole target again afterwards (warm 4 GiB float restore:
-	 * workers' time -18%) */
-	if (!into || ce->codec != CKPT_CODEC_NONE) {
-		rc = rd_decode_parts(w, b, j, msg, sizeof(msg));
-		if (rc < 0)
-			rd_job_fail(r, b, j, rc, msg);
-		if (rc != 0)
-			return;
-	}
-	rc = rd_check_chunk(w, b, j, into, &raw, msg, sizeof(msg));
+	/* through the parts path even for one target (one part): each
+	 * block is copied or decoded into its target and hashed while in
+	 * the cache, instead of hashing the whole chunk in a second pass
+	 * (warm 4 GiB float restore: workers' time -18%) */
+	rc = rd_decode_parts(w, b, j, msg, sizeof(msg));
+	if (rc < 0)
+		rd_job_fail(r, b, j, rc, msg);
+	if (rc != 0)
+		return;
+	rc = rd_check_chunk(w, b, j,
+			    ce->codec != CKPT_CODEC_NONE ? into : NULL, &raw,
+			    msg, sizeof(msg));
 	if (rc < 0) {
 		rd_job_fail(r, b, j, rc, msg);
 		return;

@@ -992,8 +992,15 @@ int fmt_chunk_decode_parts(fmt_codec_ctx *c, int codec, int elem_width,
 				   p->off + p->len, p->dst);
 			continue;
 		}
-		for (uint64_t o = 0; p->dst && o < p->len;
-		     o += FMT_PREPARE_BLOCK) {
+		if (!p->dst) {
+			XXH3_64bits_update(c->hs, src + p->off, (size_t)p->len);
+			continue;
+		}
+		/* copied and hashed a block at a time: the source is read
+		 * from memory once, the block's fresh pages are prepared
+		 * just before they are written (not all first: their zeroes
+		 * would leave the cache before the copy) */
+		for (uint64_t o = 0; o < p->len; o += FMT_PREPARE_BLOCK) {
 			size_t k = p->len - o < FMT_PREPARE_BLOCK ?
 					   (size_t)(p->len - o) :
 					   FMT_PREPARE_BLOCK;
@@ -1001,8 +1008,8 @@ int fmt_chunk_decode_parts(fmt_codec_ctx *c, int codec, int elem_width,
 			if (c->prepare)
 				c->prepare(p->dst + o, k);
 			memcpy(p->dst + o, src + p->off + o, k);
+			XXH3_64bits_update(c->hs, src + p->off + o, k);
 		}
-		XXH3_64bits_update(c->hs, src + p->off, (size_t)p->len);
 	}
 	*xxh3 = XXH3_64bits_digest(c->hs);
 	return 0;
